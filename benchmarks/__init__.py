@@ -1,0 +1,1 @@
+"""GPU benchmarks of the attention backends (``python -m benchmarks.bench_attention``)."""

@@ -1,0 +1,439 @@
+"""Decode, verify and draft attention on the GPU: Triton against FlashInfer, as the engine runs them.
+
+Every case goes through the backends' own builders and implementations
+(``kernels.registry``), on a bf16 paged KV cache with shuffled pages (page 16):
+
+- decode: one new token per request, the target's query heads;
+- verify: four tokens per request (three drafts plus the bonus), causal;
+- draft: one token with the draft's 4 query heads on the pages of an 8-head target
+  (Gemma 4 MTP);
+
+for Gemma 4 shapes (head 256 and 512, 1 and 2 KV heads; sliding layers timed over
+the whole context, as full attention) and Llama 3 (32 q / 8 kv / head 128), at
+64 x 8k and 16 x 32k tokens of context. It prints, per case and backend, the
+median latency over the timed runs (L2 flushed before each), the KV bytes read
+per second and their fraction of the device-to-device copy bandwidth measured in
+the same run, p10/p90, and the Triton / FlashInfer latency ratio; ``--json``
+writes the metrics as a list of ``{name, value, unit, samples, higher_is_better}``.
+
+``--dry-run`` runs every case once and checks it against the oracle without
+timing; with ``--tiny`` (required on the CPU, where Triton runs under its
+interpreter) the contexts are small. Every run records each backend's relative
+error against the oracle on the first requests.
+
+Exit status: 0 on success, 1 when a backend's output disagrees with the oracle,
+2 for bad arguments or a missing GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    # Triton runs on the CPU only under its interpreter, chosen when kernels are defined.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from benchmarks.timing import COPY_BYTES, Timing, copy_bandwidth, l2_flush_buffer, time_cuda
+from kernels.attention_oracle import paged_attention_reference
+from kernels.backend import AttentionLayerParams
+from kernels.metadata import CommonAttentionMetadata, cdiv
+from kernels.registry import get_backend
+from kernels.triton_unified_attention import select_path
+from reference_engine.kv_cache_spec import FullAttentionSpec
+
+BLOCK_SIZE = 16
+DTYPE = torch.bfloat16
+DRAFT_HEADS = 4
+VERIFY_QUERY_LEN = 4
+BACKENDS = ("triton", "flashinfer")
+CHECKED_REQUESTS = 2  # requests per case compared with the oracle (its cost grows with context)
+MAX_RELATIVE_ERROR = 2e-2
+
+
+@dataclass(frozen=True)
+class Shape:
+    num_heads_q: int
+    num_kv_heads: int
+    head_size: int
+
+    @property
+    def has_draft(self) -> bool:
+        """Gemma 4 MTP: a 4-head draft reads an 8-head target's pages."""
+        return self.num_heads_q == 8
+
+
+SHAPES = {
+    "gemma4-e2b-sliding-d256": Shape(8, 1, 256),
+    "gemma4-e2b-full-d512": Shape(8, 1, 512),
+    "gemma4-e4b-sliding-d256": Shape(8, 2, 256),
+    "gemma4-e4b-full-d512": Shape(8, 2, 512),
+    "llama3-8b-d128": Shape(32, 8, 128),
+}
+ALL_MODES = ("decode", "verify", "draft")
+CONTEXTS = {"b64x8k": (64, 8192), "b16x32k": (16, 32768)}
+TINY_CONTEXTS = {"b3x80": (3, 80), "b2x150": (2, 150)}
+QUICK_CASES = {  # shape -> modes; first context only
+    "gemma4-e2b-sliding-d256": ("decode", "verify", "draft"),
+    "gemma4-e2b-full-d512": ("decode",),
+    "llama3-8b-d128": ("decode",),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    shape_name: str
+    mode: str  # decode | verify | draft
+    context_name: str
+    batch_size: int
+    context_len: int
+
+    @property
+    def shape(self) -> Shape:
+        return SHAPES[self.shape_name]
+
+    @property
+    def num_heads_q(self) -> int:
+        return DRAFT_HEADS if self.mode == "draft" else self.shape.num_heads_q
+
+    @property
+    def query_len(self) -> int:
+        return VERIFY_QUERY_LEN if self.mode == "verify" else 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode}.{self.shape_name}.{self.context_name}"
+
+    @property
+    def kv_bytes(self) -> int:
+        """K and V bytes the step must read: every request's whole context, once."""
+        shape = self.shape
+        per_token = 2 * shape.num_kv_heads * shape.head_size * DTYPE.itemsize
+        return self.batch_size * self.context_len * per_token
+
+    def layer(self) -> AttentionLayerParams:
+        return AttentionLayerParams(
+            name=f"{self.shape_name}.{self.mode}",
+            num_heads_q=self.num_heads_q,
+            num_kv_heads=self.shape.num_kv_heads,
+            head_size=self.shape.head_size,
+            sm_scale=self.shape.head_size**-0.5,
+        )
+
+
+def cases(quick: bool, tiny: bool, shape_names: Sequence[str]) -> list[Case]:
+    contexts = TINY_CONTEXTS if tiny else CONTEXTS
+    if quick:
+        contexts = dict(list(contexts.items())[:1])
+    result = []
+    for shape_name in shape_names:
+        modes = ALL_MODES if SHAPES[shape_name].has_draft else ALL_MODES[:2]
+        if quick:
+            modes = QUICK_CASES.get(shape_name, ())
+        for context_name, (batch_size, context_len) in contexts.items():
+            result.extend(
+                Case(shape_name, mode, context_name, batch_size, context_len) for mode in modes
+            )
+    return result
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """One bf16 paged cache and a shuffled block table, shared by a shape's modes."""
+
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_table: torch.Tensor
+
+    @classmethod
+    def random(cls, case: Case, device: torch.device, seed: int = 0) -> KVCache:
+        generator = torch.Generator(device=device).manual_seed(seed)
+        blocks_per_request = cdiv(case.context_len, BLOCK_SIZE)
+        num_blocks = case.batch_size * blocks_per_request + 1  # + the null block 0
+        shape = (num_blocks, BLOCK_SIZE, case.shape.num_kv_heads, case.shape.head_size)
+        key_cache = torch.randn(shape, generator=generator, device=device, dtype=DTYPE)
+        value_cache = torch.randn(shape, generator=generator, device=device, dtype=DTYPE)
+        order = torch.randperm(num_blocks - 1, generator=generator, device=device) + 1
+        table = order.reshape(case.batch_size, blocks_per_request).to(torch.int32)
+        return cls(key_cache, value_cache, table)
+
+
+def step_metadata(case: Case, block_table: torch.Tensor, device) -> CommonAttentionMetadata:
+    return CommonAttentionMetadata.from_seq_lens(
+        [case.context_len] * case.batch_size,
+        [case.query_len] * case.batch_size,
+        block_table,
+        BLOCK_SIZE,
+        device,
+    )
+
+
+def kv_cache_spec(case: Case) -> FullAttentionSpec:
+    shape = case.shape
+    return FullAttentionSpec(
+        block_size=BLOCK_SIZE,
+        num_kv_heads=shape.num_kv_heads,
+        head_size=shape.head_size,
+        dtype=DTYPE,
+    )
+
+
+@dataclass(frozen=True)
+class BackendRun:
+    backend: str
+    run: Callable[[], torch.Tensor]  # launches the kernel only
+    output: torch.Tensor
+    path: str  # what the backend chose for this batch
+
+
+def prepare(backend_name: str, case: Case, common, cache: KVCache, query, device) -> BackendRun:
+    """Builder, build and impl as the engine does them; ``run`` launches only the kernel."""
+    backend = get_backend(backend_name)
+    layer = case.layer()
+    builder = backend.get_builder_cls()(
+        kv_cache_spec(case),
+        [layer],
+        device,
+        max_num_seqs=case.batch_size,
+        max_query_len=case.query_len,
+    )
+    metadata = builder.build(common)
+    impl = backend.get_impl_cls()(layer)
+    output = torch.full_like(query, float("nan"))
+
+    def run() -> torch.Tensor:
+        return impl.forward(query, cache.key_cache, cache.value_cache, metadata, output)
+
+    return BackendRun(backend_name, run, output, describe_path(backend_name, case, metadata))
+
+
+def describe_path(backend_name: str, case: Case, metadata) -> str:
+    if backend_name == "flashinfer":
+        tensor_cores = metadata.plan.use_tensor_core_decode or metadata.kind == "prefill"
+        return f"{metadata.kind}{'/tensor-cores' if tensor_cores else '/cuda-cores'}"
+    return select_path(
+        num_seqs=case.batch_size,
+        max_query_len=case.query_len,
+        num_heads_q=case.num_heads_q,
+        num_kv_heads=case.shape.num_kv_heads,
+        head_size=case.shape.head_size,
+        has_scratch=True,
+        seq_threshold_3d=metadata.seq_threshold_3d,
+    )
+
+
+def check_against_oracle(run: BackendRun, case: Case, common, cache: KVCache, query) -> float:
+    """Relative error of the first requests' rows against the float32 oracle."""
+    num_requests = min(CHECKED_REQUESTS, case.batch_size)
+    num_tokens = num_requests * case.query_len
+    head = common.unpadded(num_tokens, num_requests)
+    expected = paged_attention_reference(
+        query[:num_tokens],
+        cache.key_cache,
+        cache.value_cache,
+        query_start_loc=head.query_start_loc,
+        seq_lens=head.seq_lens,
+        block_table=head.block_table,
+        sm_scale=case.layer().sm_scale,
+        compute_dtype=torch.float32,
+    )
+    actual = run.output[:num_tokens].float()
+    return float((actual - expected).norm() / expected.norm())
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    value: float
+    unit: str
+    samples: list[float]
+    higher_is_better: bool
+
+    def as_json(self) -> dict:
+        return vars(self)
+
+
+def backend_metrics(case: Case, run: BackendRun, timing: Timing, copy_bw: float) -> list[Metric]:
+    prefix = f"{case.name}.{run.backend}"
+    bandwidths = [case.kv_bytes / (sample * 1e-6) / 1e12 for sample in timing.samples_us]
+    kv_bw = case.kv_bytes / (timing.median_us * 1e-6)
+    return [
+        Metric(f"{prefix}.latency", timing.median_us, "us", list(timing.samples_us), False),
+        Metric(f"{prefix}.kv_read_bandwidth", kv_bw / 1e12, "TB/s", bandwidths, True),
+        Metric(f"{prefix}.fraction_of_copy_bandwidth", kv_bw / copy_bw, "ratio", [], True),
+    ]
+
+
+def print_row(case: Case, run: BackendRun, timing: Timing | None, copy_bw: float | None) -> None:
+    text = f"{case.name:<44} {run.backend:<10} {run.path:<26}"
+    if timing is None:
+        print(f"{text} ran once (KV {case.kv_bytes / 1e6:.3f} MB)", flush=True)
+        return
+    kv_bw = case.kv_bytes / (timing.median_us * 1e-6)
+    print(
+        f"{text} {timing.median_us:9.1f} us  p10 {timing.percentile_us(10):9.1f}  "
+        f"p90 {timing.percentile_us(90):9.1f}  {kv_bw / 1e12:5.2f} TB/s  "
+        f"{kv_bw / copy_bw:6.1%} of copy",
+        flush=True,
+    )
+
+
+def ratio_metric(case: Case, timings: dict[str, Timing]) -> Metric | None:
+    """Triton / FlashInfer median latency, with the p10/p90 spread printed."""
+    if not {"triton", "flashinfer"} <= timings.keys():
+        return None
+    triton, flashinfer = timings["triton"], timings["flashinfer"]
+    ratio = triton.median_us / flashinfer.median_us
+    low = triton.percentile_us(10) / flashinfer.percentile_us(90)
+    high = triton.percentile_us(90) / flashinfer.percentile_us(10)
+    print(f"{case.name:<44} triton/flashinfer {ratio:.2f} (p10/p90 spread {low:.2f}-{high:.2f})")
+    return Metric(f"{case.name}.triton_over_flashinfer", ratio, "ratio", [], False)
+
+
+def available(backend_names: Sequence[str], device: torch.device) -> list[str]:
+    return [name for name in backend_names if get_backend(name).is_available(device)]
+
+
+def run_cases(args: argparse.Namespace, device: torch.device) -> tuple[list[Metric], int]:
+    """Time (or, for --dry-run, run once) every case; returns the metrics and the exit status."""
+    metrics: list[Metric] = []
+    status = 0
+    flush = copy_bw = None
+    if not args.dry_run:
+        flush = l2_flush_buffer(device)
+        copy_timing, copy_bw = copy_bandwidth(
+            device, warmup=args.warmup, runs=args.runs, flush=flush
+        )
+        print(f"device-to-device copy: {copy_bw / 1e12:.2f} TB/s ({torch.cuda.get_device_name()})")
+        samples = [2 * COPY_BYTES / (sample * 1e-6) / 1e12 for sample in copy_timing.samples_us]
+        metrics.append(Metric("device.copy_bandwidth", copy_bw / 1e12, "TB/s", samples, True))
+    backend_names = available(args.backends, device)
+    for name in sorted(set(args.backends) - set(backend_names)):
+        print(f"skipping {name}: not available on {device}", file=sys.stderr)
+    torch.manual_seed(0)
+    for case, cache in cases_with_caches(args, device):
+        query = torch.randn(
+            case.batch_size * case.query_len,
+            case.num_heads_q,
+            case.shape.head_size,
+            device=device,
+            dtype=DTYPE,
+        )
+        common = step_metadata(case, cache.block_table, device)
+        timings = {}
+        for name in backend_names:
+            run = prepare(name, case, common, cache, query, device)
+            if args.dry_run:
+                run.run()
+            else:
+                timings[name] = time_cuda(run.run, warmup=args.warmup, runs=args.runs, flush=flush)
+            error = check_against_oracle(run, case, common, cache, query)
+            metrics.append(Metric(f"{case.name}.{name}.relative_error", error, "ratio", [], False))
+            if not error < MAX_RELATIVE_ERROR:
+                print(f"{case.name} {name}: relative error {error:.2e}", file=sys.stderr)
+                status = 1
+            print_row(case, run, timings.get(name), copy_bw)
+            if name in timings:
+                metrics.extend(backend_metrics(case, run, timings[name], copy_bw))
+        ratio = ratio_metric(case, timings)
+        if ratio is not None:
+            metrics.append(ratio)
+    return metrics, status
+
+
+def cases_with_caches(args: argparse.Namespace, device) -> Iterator[tuple[Case, KVCache]]:
+    """Each case with its cache, allocated once per (shape, context)."""
+    cache_key, cache = None, None
+    for case in cases(args.quick, args.tiny, args.shapes):
+        if (case.shape_name, case.context_name) != cache_key:
+            cache = KVCache.random(case, device)
+            cache_key = (case.shape_name, case.context_name)
+        yield case, cache
+
+
+def write_json(path: Path, metrics: list[Metric]) -> None:
+    """Atomically: a temporary file in the same directory, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as file:
+        json.dump([metric.as_json() for metric in metrics], file, indent=1)
+        temporary = file.name
+    os.replace(temporary, path)
+
+
+def comma_list(text: str) -> list[str]:
+    return [item for item in text.split(",") if item]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_attention", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--json", type=Path, help="write the metrics to this JSON file")
+    parser.add_argument("--quick", action="store_true", help="a small smoke subset")
+    parser.add_argument("--dry-run", action="store_true", help="validate cases, time nothing")
+    parser.add_argument(
+        "--tiny", action="store_true", help="small contexts (with --dry-run; needed on the CPU)"
+    )
+    parser.add_argument("--runs", type=int, default=50, help="timed runs per case (>= 20)")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed runs first")
+    parser.add_argument(
+        "--backends",
+        type=comma_list,
+        default=list(BACKENDS),
+        help="comma-separated: triton,flashinfer",
+    )
+    parser.add_argument(
+        "--shapes",
+        type=comma_list,
+        default=list(SHAPES),
+        help=f"comma-separated, of {', '.join(SHAPES)}",
+    )
+    parser.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
+    args = parser.parse_args(argv)
+    if args.runs < 20:
+        parser.error(f"--runs must be at least 20, got {args.runs}")
+    if args.warmup < 1:
+        parser.error(f"--warmup must be at least 1, got {args.warmup}")
+    unknown = [name for name in args.shapes if name not in SHAPES]
+    if unknown:
+        parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    bad_backends = [name for name in args.backends if name not in BACKENDS]
+    if bad_backends:
+        parser.error(f"unknown backends {bad_backends}; known: {', '.join(BACKENDS)}")
+    if args.tiny and not args.dry_run:
+        parser.error("--tiny is for --dry-run (tiny contexts say nothing about speed)")
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_gpu = torch.device(args.device).type == "cuda" and torch.cuda.is_available()
+    if not args.dry_run and not on_gpu:
+        parser.error("timing needs a CUDA device; on the CPU use --dry-run --tiny")
+    if args.dry_run and not on_gpu and not args.tiny:
+        parser.error("on the CPU --dry-run needs --tiny (full contexts take gigabytes)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if not available(args.backends, device):
+        print(f"none of the backends {args.backends} can run on {device}", file=sys.stderr)
+        return 2
+    metrics, status = run_cases(args, device)
+    if args.json is not None:
+        write_json(args.json, metrics)
+        print(f"wrote {len(metrics)} metrics to {args.json}")
+    if status:
+        print("some backends disagreed with the oracle (see above)", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""GPU timing with CUDA events and a cold L2, and the device-to-device copy bandwidth.
+
+Each timed run starts after a write to a buffer larger than the L2 (60 MB on the
+H200), so no run reads the previous run's KV from cache; the flush itself is
+outside the timed interval.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+COPY_BYTES = 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-run latencies in microseconds."""
+
+    samples_us: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.samples_us) < 2:
+            raise ValueError("a timing needs at least two samples")
+
+    @property
+    def median_us(self) -> float:
+        return statistics.median(self.samples_us)
+
+    def percentile_us(self, percent: float) -> float:
+        """Linear-interpolated percentile (``percent`` in 0..100)."""
+        cut_points = statistics.quantiles(self.samples_us, n=100, method="inclusive")
+        if percent <= 0:
+            return min(self.samples_us)
+        if percent >= 100:
+            return max(self.samples_us)
+        return cut_points[round(percent) - 1]
+
+
+def time_cuda(run: Callable[[], object], *, warmup: int, runs: int, flush: torch.Tensor) -> Timing:
+    """Time ``run`` ``runs`` times after ``warmup`` untimed calls, flushing L2 before each."""
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
+    for start, end in zip(starts, ends, strict=True):
+        flush.zero_()
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    return Timing(
+        tuple(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends, strict=True))
+    )
+
+
+def l2_flush_buffer(device: torch.device) -> torch.Tensor:
+    return torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+
+
+def copy_bandwidth(
+    device: torch.device, *, warmup: int, runs: int, flush: torch.Tensor
+) -> tuple[Timing, float]:
+    """The device-to-device copy's latency and its bandwidth in bytes/s (read + write)."""
+    source = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    timing = time_cuda(lambda: target.copy_(source), warmup=warmup, runs=runs, flush=flush)
+    return timing, 2 * COPY_BYTES / (timing.median_us * 1e-6)

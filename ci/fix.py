@@ -1,0 +1,98 @@
+"""``check-deps --fix``: add missing entries to ``source_file_dependencies`` in place.
+
+The edit is textual: the YAML is parsed only to find where a step's list ends, and a line in
+the style of the list's last item is inserted there. Every other byte (comments, key order,
+quoting, vLLM's mixed indentation) stays as it was. Files are replaced atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import yaml
+
+from ci.config import derive_step_key
+from ci.errors import CIInputError, Location
+
+_PLAIN = re.compile(r"[\w./-]+")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` via a temporary file in the same directory."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _yaml_scalar(entry: str) -> str:
+    return entry if _PLAIN.fullmatch(entry) else json.dumps(entry)
+
+
+def _step_nodes(text: str, name: str) -> dict[str, yaml.MappingNode]:
+    root = yaml.compose(text)
+    steps = next((value for key, value in root.value if key.value == "steps"), None)
+    if not isinstance(steps, yaml.SequenceNode):
+        raise CIInputError("no 'steps' list to fix", Location(name))
+    found = {}
+    for node in steps.value:
+        fields = {key.value: value for key, value in node.value}
+        key = fields["key"].value if "key" in fields else derive_step_key(fields["label"].value)
+        found[key] = node
+    return found
+
+
+def _insert_entry(text: str, step: yaml.MappingNode, entry: str, name: str) -> str:
+    """``text`` with ``entry`` appended to the step's dependency list."""
+    lines = text.splitlines(keepends=True)
+    fields = {key.value: (key, value) for key, value in step.value}
+    scalar = _yaml_scalar(entry)
+    if "source_file_dependencies" not in fields:
+        anchor_key = fields.get("commands", next(iter(fields.values())))[0]
+        indent = " " * anchor_key.start_mark.column
+        block = f"{indent}source_file_dependencies:\n{indent}  - {scalar}\n"
+        lines.insert(anchor_key.start_mark.line, block)
+        return "".join(lines)
+    listing = fields["source_file_dependencies"][1]
+    if not isinstance(listing, yaml.SequenceNode):
+        line = listing.start_mark.line + 1
+        raise CIInputError("source_file_dependencies is not a list", Location(name, line))
+    if listing.flow_style:
+        closing = listing.end_mark.index - 1
+        separator = ", " if listing.value else ""
+        return f"{text[:closing]}{separator}{scalar}{text[closing:]}"
+    last = listing.value[-1]
+    line = lines[last.start_mark.line]
+    lines.insert(last.start_mark.line + 1, f"{line[: last.start_mark.column]}{scalar}\n")
+    return "".join(lines)
+
+
+def add_dependencies(yaml_path: Path, additions: Mapping[str, list[str]]) -> list[str]:
+    """Append entries per step key; returns "key: entry" for every entry actually added."""
+    text = yaml_path.read_text(encoding="utf-8")
+    name = str(yaml_path)
+    added = []
+    for key, entries in additions.items():
+        for entry in entries:
+            steps = _step_nodes(text, name)
+            if key not in steps:
+                raise CIInputError(f"no step with key {key!r} to fix", Location(name))
+            fields = {field.value: value for field, value in steps[key].value}
+            declared = fields.get("source_file_dependencies")
+            existing = [item.value for item in getattr(declared, "value", [])]
+            if entry in existing:
+                continue
+            text = _insert_entry(text, steps[key], entry, name)
+            added.append(f"{key}: {entry}")
+    if added:
+        write_atomically(yaml_path, text)
+    return added

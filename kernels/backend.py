@@ -1,0 +1,193 @@
+"""The backend contract: what an engine hands a backend, and what it gets back.
+
+The split follows vLLM: a backend class names its metadata builder and its
+implementation; a builder is created once per attention group (and micro-batch)
+from the group's layers and sizes its per-step state by the group's query-head
+count; ``build`` turns the per-KV-cache-group ``CommonAttentionMetadata`` into
+the backend's metadata; the implementation runs one layer with it.
+
+``kernels`` never imports the engine: layers are described to it by
+``AttentionLayerParams`` and KV geometry by anything shaped like
+``KVCacheGeometry`` (the engine's attention specs are).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+import torch
+
+MIXED_HEADS_MESSAGE = (
+    "All layers in one attention group must share num_heads; got {heads} for {layers}."
+)
+
+
+class KVCacheGeometry(Protocol):
+    """What a builder needs to know of the paged KV cache it reads."""
+
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class AttentionLayerParams:
+    """One attention layer as its backend sees it (per tensor-parallel rank)."""
+
+    name: str
+    num_heads_q: int
+    num_kv_heads: int
+    head_size: int
+    sm_scale: float
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_heads_q <= 0 or self.num_kv_heads <= 0 or self.head_size <= 0:
+            raise ValueError(f"layer {self.name}: head counts and head size must be positive")
+        if self.num_heads_q % self.num_kv_heads:
+            raise ValueError(
+                f"layer {self.name}: num_heads_q {self.num_heads_q} is not a multiple of "
+                f"num_kv_heads {self.num_kv_heads}"
+            )
+
+
+def get_num_attention_heads_from_layers(layers: Sequence[Any]) -> int | None:
+    """The query-head count shared by ``layers``; None for no layers.
+
+    This is the strict check vLLM added in PR #42650: builders size state by
+    one head count, so a group that mixes head counts must fail loudly rather
+    than serve some layers with state sized for others. Layers may be
+    ``AttentionLayerParams`` or anything with ``num_heads_q`` or ``num_heads``
+    and ``name``.
+    """
+    if not layers:
+        return None
+    # A set built in layer order prints exactly as vLLM's message does ({8, 4}).
+    heads = {_num_heads(layer) for layer in layers}
+    if len(heads) != 1:
+        names = [_layer_name(layer) for layer in layers]
+        raise AssertionError(MIXED_HEADS_MESSAGE.format(heads=heads, layers=names))
+    return heads.pop()
+
+
+def _num_heads(layer: Any) -> int:
+    return layer.num_heads_q if hasattr(layer, "num_heads_q") else layer.num_heads
+
+
+def _layer_name(layer: Any) -> str:
+    return getattr(layer, "name", repr(layer))
+
+
+class AttentionMetadataBuilder(ABC):
+    """Builds a backend's per-step metadata for one attention group.
+
+    ``num_heads_q`` comes from the group's layers through the strict check.
+    ``strict=False`` exists only so the hazard suite can reproduce what an
+    engine without the check does: then the builder serves every layer with
+    state sized for ``num_heads_q_override`` (or the first layer's count).
+    """
+
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheGeometry,
+        layers: Sequence[AttentionLayerParams],
+        device: torch.device,
+        *,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_query_len: int = 9,
+        strict: bool = True,
+        num_heads_q_override: int | None = None,
+    ) -> None:
+        if not layers:
+            raise ValueError(f"{type(self).__name__} needs at least one layer")
+        self.kv_cache_spec = kv_cache_spec
+        self.layers = tuple(layers)
+        self.layer_names = tuple(layer.name for layer in layers)
+        self.device = torch.device(device)
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_query_len = max_query_len
+        if strict:
+            if num_heads_q_override is not None:
+                raise ValueError("num_heads_q_override is only for strict=False (the hazard suite)")
+            num_heads_q = get_num_attention_heads_from_layers(self.layers)
+        else:
+            num_heads_q = num_heads_q_override or self.layers[0].num_heads_q
+        assert num_heads_q is not None
+        self.num_heads_q: int = num_heads_q
+        self.num_heads_kv: int = kv_cache_spec.num_kv_heads
+        self.head_size: int = kv_cache_spec.head_size
+
+    @abstractmethod
+    def build(self, common: Any) -> Any:
+        """Backend metadata for one step from the KV-cache group's common metadata."""
+
+
+class AttentionImpl(ABC):
+    """Runs one attention layer over the paged KV cache."""
+
+    def __init__(self, layer: AttentionLayerParams) -> None:
+        self.layer = layer
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        metadata: Any,
+        output: torch.Tensor,
+    ) -> torch.Tensor:
+        """Attention for ``query`` [tokens, num_heads_q, head_size] into ``output``."""
+
+
+class AttentionBackend(ABC):
+    """A backend: its name, builder, implementation and what it supports."""
+
+    name: ClassVar[str]
+    supported_head_sizes: ClassVar[tuple[int, ...]] = (64, 128, 256, 512)
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+    )
+    supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64)
+
+    @classmethod
+    def full_cls_name(cls) -> str:
+        """The backend's identity in attention-group keys: module and
+        qualified name, so dynamically made subclasses deduplicate."""
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    @classmethod
+    @abstractmethod
+    def get_builder_cls(cls) -> type[AttentionMetadataBuilder]: ...
+
+    @classmethod
+    @abstractmethod
+    def get_impl_cls(cls) -> type[AttentionImpl]: ...
+
+    @classmethod
+    def is_available(cls, device: torch.device | str) -> bool:
+        return True
+
+    @classmethod
+    def unsupported_reason(
+        cls, head_size: int, dtype: torch.dtype, block_size: int, device: torch.device | str
+    ) -> str | None:
+        """Why this backend cannot run the configuration, or None when it can."""
+        if not cls.is_available(device):
+            return f"{cls.name} is not available on {device}"
+        if head_size not in cls.supported_head_sizes:
+            return f"{cls.name} does not support head size {head_size}"
+        if dtype not in cls.supported_dtypes:
+            return f"{cls.name} does not support {dtype}"
+        if block_size not in cls.supported_block_sizes:
+            return f"{cls.name} does not support block size {block_size}"
+        return None

@@ -1,0 +1,42 @@
+"""Backend registry: a name for each backend, resolved lazily to its class.
+
+Backends load by dotted path (the way vLLM's registry does), so importing the
+registry never imports a backend's heavy dependencies (FlashInfer, Triton).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from kernels.backend import AttentionBackend
+
+BACKEND_PATHS: dict[str, str] = {
+    "torch": "kernels.backends.torch_ref.TorchReferenceBackend",
+    "triton": "kernels.backends.triton_attn.TritonAttentionBackend",
+    "flashinfer": "kernels.backends.flashinfer_attn.FlashInferBackend",
+    "mamba": "kernels.backends.mamba_state.MambaStateBackend",
+}
+
+
+class UnknownBackendError(KeyError):
+    def __str__(self) -> str:
+        return (
+            f"unknown attention backend {self.args[0]!r}; known: {', '.join(sorted(BACKEND_PATHS))}"
+        )
+
+
+def get_backend(name: str) -> type[AttentionBackend]:
+    """The backend class registered under ``name``."""
+    try:
+        path = BACKEND_PATHS[name]
+    except KeyError:
+        raise UnknownBackendError(name) from None
+    module_name, _, class_name = path.rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def available_backends(device: torch.device | str) -> list[str]:
+    """Names of the backends that can run on ``device``."""
+    return [name for name in BACKEND_PATHS if get_backend(name).is_available(device)]

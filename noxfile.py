@@ -1,0 +1,143 @@
+"""nox sessions: `nox -l` lists them.
+
+CPU sessions install the CPU build of torch (pinned: an unpinned torch pulls a
+multi-GB CUDA build) and the project in a virtualenv. GPU machines are
+prepared images without network, so `gpu_tests` and `bench` run in the
+current interpreter (``venv_backend="none"``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+CPU_TORCH = "torch==2.13.0"
+OUT = Path("out")
+
+
+def _install_project(session: nox.Session, extras: str = "test") -> None:
+    session.install(CPU_TORCH)
+    session.install("-e", f".[{extras}]")
+
+
+def _run_suites_with_report(session: nox.Session, name: str, pytest_args: list[str]) -> None:
+    """Run pytest writing a run record and JUnit XML, then the HTML report;
+    the report is written even when tests fail, and the session still fails."""
+    out = OUT / name
+    out.mkdir(parents=True, exist_ok=True)
+    record = out / "run-record.json"
+    try:
+        session.run(
+            "python",
+            "-m",
+            "pytest",
+            *pytest_args,
+            f"--run-record={record}",
+            f"--junitxml={out / 'junit.xml'}",
+            *session.posargs,
+        )
+    finally:
+        if record.exists():
+            history = out / "history"
+            history.mkdir(exist_ok=True)
+            args = ["--history", str(history)] if any(history.glob("*.json")) else []
+            session.run(
+                "python",
+                "-m",
+                "reports",
+                "build",
+                "--run",
+                str(record),
+                *args,
+                "-o",
+                str(out / "report.html"),
+            )
+            session.run(
+                "python",
+                "-m",
+                "reports",
+                "archive",
+                "--run",
+                str(record),
+                "--history",
+                str(history),
+            )
+            session.log(f"report: {(out / 'report.html').resolve()}")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The project's whole test suite on the CPU (suites and harness tests)."""
+    _install_project(session)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-n",
+        "2",
+        "-m",
+        "not slow",
+        *session.posargs,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+
+
+@nox.session
+def conformance(session: nox.Session) -> None:
+    """The main job: the conformance suites on the default device, then the HTML report."""
+    _install_project(session)
+    _run_suites_with_report(session, "conformance", ["suites", "-n", "2", "-m", "not slow"])
+
+
+@nox.session(venv_backend="none", default=False)
+def gpu_tests(session: nox.Session) -> None:
+    """Every suite on CUDA in the ambient (prepared, offline) environment, bf16 and
+    FlashInfer included, with the run record and the HTML report."""
+    session.run(
+        "python",
+        "-c",
+        "import torch; assert torch.cuda.is_available(), 'gpu_tests needs a CUDA device'",
+    )
+    _run_suites_with_report(session, "gpu", ["suites", "tests"])
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(default=False)
+def ci(session: nox.Session) -> None:
+    """CI harness gate on this repository: strict YAML lint, the dependency-gap
+    check, and the selection for a base ref (`nox -s ci -- BASE`, default origin/main)."""
+    session.install("pyyaml", "jsonschema", "buildkite-sdk", "pytest>=8.4")
+    base = session.posargs[0] if session.posargs else "origin/main"
+    session.run("python", "-m", "ci", "lint", "--strict")
+    session.run("python", "-m", "ci", "check-deps")
+    session.run("python", "-m", "ci", "select", "--base", base, "--explain")
+
+
+@nox.session(venv_backend="none", default=False)
+def bench(session: nox.Session) -> None:
+    """Kernel benchmarks on the GPU (JSON under out/bench)."""
+    OUT.joinpath("bench").mkdir(parents=True, exist_ok=True)
+    session.run(
+        "python",
+        "-m",
+        "benchmarks.bench_attention",
+        "--json",
+        str(OUT / "bench" / "attention.json"),
+        *session.posargs,
+    )
+
+
+# nox loads this file without its folder on sys.path; the vLLM sessions live beside it.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from noxfile_vllm import vllm_conformance  # noqa: E402,F401  (the session registers on import)

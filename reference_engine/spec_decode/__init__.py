@@ -1,0 +1,1 @@
+"""Speculative decoding: drafting through the model runner and acceptance statistics."""

@@ -1,0 +1,72 @@
+"""Suite-wide options and fixtures: the engine under test and the device.
+
+``--engine NAME`` picks the implementation the suites judge through the
+adapter seam (``suites/engines/NAME_adapter.py``); ``--device`` the device
+kernels and the engine run on (CUDA when present, else the CPU, where Triton
+kernels run under its interpreter).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Must be set before triton is imported anywhere.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from suites.engines.base import EngineAdapter
+
+_ADAPTER_KEY = pytest.StashKey[EngineAdapter]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attention-grouping conformance")
+    group.addoption(
+        "--engine",
+        default="reference",
+        help="implementation under test: reference (default) or vllm (needs vLLM installed)",
+    )
+    group.addoption(
+        "--device",
+        default=None,
+        help="device for kernels and the engine (default: cuda when available, else cpu)",
+    )
+
+
+def _make_adapter(config: pytest.Config) -> EngineAdapter:
+    if _ADAPTER_KEY not in config.stash:
+        name = config.getoption("engine")
+        try:
+            module = importlib.import_module(f"suites.engines.{name}_adapter")
+        except ModuleNotFoundError as error:
+            if error.name != f"suites.engines.{name}_adapter":
+                raise
+            raise pytest.UsageError(
+                f"--engine {name}: no adapter suites/engines/{name}_adapter.py"
+            ) from None
+        config.stash[_ADAPTER_KEY] = module.make_adapter(config)
+    return config.stash[_ADAPTER_KEY]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests that take ``policy`` run once per grouping policy the engine has."""
+    if "policy" in metafunc.fixturenames and not any(
+        "policy" in call.params for call in getattr(metafunc, "_calls", [])
+    ):
+        metafunc.parametrize("policy", _make_adapter(metafunc.config).policies)
+
+
+@pytest.fixture(scope="session")
+def engine(request: pytest.FixtureRequest) -> EngineAdapter:
+    """The engine under test (``--engine``)."""
+    return _make_adapter(request.config)
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> torch.device:
+    chosen = request.config.getoption("device")
+    return torch.device(chosen or ("cuda" if torch.cuda.is_available() else "cpu"))

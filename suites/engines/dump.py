@@ -1,0 +1,61 @@
+"""Print an engine's grouping outcomes for every pair, TP size and policy as
+canonical JSON.
+
+Used by the determinism test, which runs it in fresh processes with
+different hash seeds: ``python -m suites.engines.dump ENGINE``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+from reference_engine.model_pairs import MODEL_PAIRS
+from suites.engines.base import EngineAdapter, GroupingOutcome
+
+
+def outcome_as_json(outcome: GroupingOutcome) -> str:
+    return json.dumps(
+        {
+            "kv_cache_groups": [
+                {"layers": list(g.layer_names), "spec": g.kv_cache_spec.describe()}
+                for g in outcome.kv_cache_groups
+            ],
+            "attention_groups": [
+                [
+                    {
+                        "backend": g.backend,
+                        "layers": list(g.layer_names),
+                        "num_heads_q": g.num_heads_q,
+                    }
+                    for g in per_kv
+                ]
+                for per_kv in outcome.attention_groups
+            ],
+            "error": outcome.error,
+        },
+        sort_keys=True,
+    )
+
+
+def all_outcomes_as_json(adapter: EngineAdapter) -> str:
+    return "\n".join(
+        f"{name} tp{tp} {policy} {outcome_as_json(adapter.setup(pair.layers(tp), policy))}"
+        for name, pair in MODEL_PAIRS.items()
+        for tp in pair.supported_tp_sizes
+        for policy in adapter.policies
+    )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m suites.engines.dump ENGINE", file=sys.stderr)
+        return 2
+    adapter = importlib.import_module(f"suites.engines.{argv[0]}_adapter").make_adapter(None)
+    print(all_outcomes_as_json(adapter))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,316 @@
+"""Dependency-gap checker on planted repositories: every import form, gaps, --fix, speed."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ci.areas import load_test_areas
+from ci.config import load_run_config, load_test_area_file
+from ci.deps import check_dependencies
+from ci.fix import add_dependencies
+from ci.imports import ImportGraph
+from ci.pytest_commands import pytest_runs
+from ci.test_inventory import collected_files, selected_tests
+from tests.ci.helpers import RUN_CONFIG, run_cli, write_tree
+
+# The original bug in miniature: the spec-decode step declares the engine but not the backends
+# it reaches through the registry's dotted-path strings.
+PLANTED = {
+    "ci/ci_config.yaml": RUN_CONFIG + "dependency_check:\n  test_roots: [suites, tests]\n",
+    "ci/test_areas/spec.yaml": """\
+        group: Spec
+        steps:
+          # MTP correctness: keep this comment through --fix
+          - label: Spec decode MTP
+            key: spec-mtp
+            device: cpu
+            source_file_dependencies:
+              - engine/
+              - suites/__init__.py
+              - suites/conftest.py
+              - suites/spec/
+            commands:
+              - python -m pytest suites/spec -k mtp
+        """,
+    "kernels/__init__.py": "",
+    "kernels/registry.py": """\
+        import importlib
+        BACKENDS = {"triton": "kernels.backends.triton_attn.TritonBackend"}
+        def load(name):
+            module, _, cls = BACKENDS[name].rpartition(".")
+            return getattr(importlib.import_module(module), cls)
+        """,
+    "kernels/backends/__init__.py": "",
+    "kernels/backends/triton_attn.py": (
+        "from ..common import scratch_size\nclass TritonBackend: ...\n"
+    ),
+    "kernels/common.py": "def scratch_size(num_heads): return num_heads\n",
+    "engine/__init__.py": "",
+    "engine/builder.py": "from kernels import registry\n",
+    "suites/__init__.py": "",
+    "suites/conftest.py": "import engine.builder\n",
+    "suites/spec/__init__.py": "",
+    "suites/spec/test_mtp.py": "def test_mtp_greedy():\n    assert True\n",
+    "tests/__init__.py": "",
+    "tests/test_unowned.py": "def test_nobody_runs_me():\n    assert True\n",
+}
+
+
+@pytest.fixture
+def planted(tmp_path):
+    write_tree(tmp_path, PLANTED)
+    return tmp_path
+
+
+def _report(root: Path):
+    config = load_run_config(root / "ci/ci_config.yaml", "ci/ci_config.yaml")
+    return check_dependencies(load_test_areas(config, root), config, root)
+
+
+def test_planted_backend_gap_is_found_ranked_by_distance(planted):
+    report = _report(planted)
+    (step,) = report.steps
+    assert [(gap.path, gap.distance) for gap in step.gaps] == [
+        ("kernels/__init__.py", 3),
+        ("kernels/registry.py", 3),
+        ("kernels/backends/__init__.py", 4),
+        ("kernels/backends/triton_attn.py", 4),
+        ("kernels/common.py", 5),
+    ]
+    assert {gap.suggestion for gap in step.gaps} == {"kernels/"}
+    assert step.gaps[3].via == (
+        "suites/conftest.py",
+        "engine/builder.py",
+        "kernels/registry.py",
+        "kernels/backends/triton_attn.py",
+    )
+    assert report.orphan_tests == ("tests/test_unowned.py",)
+    assert not report.ok
+
+
+def test_check_deps_exit_code_and_fix_keeps_comments_and_order(planted):
+    before = run_cli("check-deps", "--repo", str(planted))
+    assert before.exit_code == 1
+    assert "gap (distance 4): kernels/backends/triton_attn.py  add 'kernels/'" in before.stdout
+    (planted / "tests/test_unowned.py").unlink()
+    fixed = run_cli("check-deps", "--repo", str(planted), "--fix")
+    assert fixed.exit_code == 0, fixed.stdout
+    assert "fixed ci/test_areas/spec.yaml: spec-mtp: kernels/" in fixed.stdout
+    text = (planted / "ci/test_areas/spec.yaml").read_text()
+    assert "  # MTP correctness: keep this comment through --fix\n" in text
+    assert text.index("suites/spec/") < text.index("kernels/") < text.index("commands:")
+    assert run_cli("check-deps", "--repo", str(planted)).exit_code == 0
+
+
+def test_ignore_list_with_reason_and_stale_entries(planted):
+    write_tree(
+        planted,
+        {
+            "ci/ci_config.yaml": PLANTED["ci/ci_config.yaml"]
+            + (
+                "  ignore:\n    spec-mtp:\n"
+                "      kernels/: backends are covered by the kernels step\n"
+                "      vendor/: nothing here\n"
+            )
+        },
+    )
+    report = _report(planted)
+    assert report.steps[0].gaps == ()
+    assert ("kernels/common.py", "backends are covered by the kernels step") in (
+        report.steps[0].ignored
+    )
+    assert report.stale_ignores == ("spec-mtp: vendor/",)
+
+
+@pytest.mark.parametrize(
+    ("command", "problem"),
+    [
+        ("python -m pytest suites/spec -k 'not mtp'", "its paths and filters select no test"),
+        ("python -m pytest suites/spec -m gpu", "its paths and filters select no test"),
+        (
+            "python -m pytest suites/spec --deselect suites/spec/test_mtp.py::test_mtp_greedy",
+            "its paths and filters select no test",
+        ),
+        ("python -m pytest suites/nope", "test path 'suites/nope' does not exist"),
+        ("python -m pytest suites/spec -k 'mtp and ('", "invalid pytest expression"),
+    ],
+    ids=["keyword", "marker", "deselect", "missing-path", "bad-expression"],
+)
+def test_steps_whose_filters_select_nothing(planted, command, problem):
+    area = PLANTED["ci/test_areas/spec.yaml"].replace(
+        "python -m pytest suites/spec -k mtp", json.dumps(command)
+    )
+    write_tree(planted, {"ci/test_areas/spec.yaml": area})
+    (step,) = _report(planted).steps
+    assert any(problem in item for item in step.problems), step.problems
+
+
+def test_declared_paths_that_do_not_exist(planted):
+    area = PLANTED["ci/test_areas/spec.yaml"].replace(
+        "- engine/\n", "- engine/\n              - enigne/\n"
+    )
+    write_tree(planted, {"ci/test_areas/spec.yaml": area})
+    assert _report(planted).steps[0].missing_declared == ("enigne/",)
+
+
+IMPORT_FORMS = {
+    "absolute": "import pkg.target",
+    "from-package-import-module": "from pkg import target",
+    "relative": "from .target import VALUE",
+    "relative-parent": "from ..pkg import target",
+    "dotted-string": "PATH = 'pkg.target.Backend'",
+    "f-string-template": (
+        "import importlib\nsuffix = 'get'\nimportlib.import_module(f'pkg.tar{suffix}')"
+    ),
+    "lazy-in-function": "def load():\n    import pkg.target",
+}
+
+
+@pytest.mark.parametrize("source", IMPORT_FORMS.values(), ids=IMPORT_FORMS.keys())
+def test_import_forms_reach_the_module(tmp_path, source):
+    write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/target.py": "VALUE = 1\n",
+            "pkg/unrelated.py": "",
+            "pkg/user.py": source + "\n",
+        },
+    )
+    closure = ImportGraph.scan(tmp_path).closure({"pkg/user.py": 0})
+    assert "pkg/target.py" in closure
+    assert closure["pkg/__init__.py"][0] == 1
+    assert "pkg/unrelated.py" not in closure
+
+
+def test_strings_that_only_look_dotted_are_not_imports(tmp_path):
+    write_tree(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "ci/__init__.py": "",
+            "pkg/user.py": "CONFIG = 'ci.yaml'\nVERSION = 'pkg.version'\n",
+        },
+    )
+    assert set(ImportGraph.scan(tmp_path).closure({"pkg/user.py": 0})) == {
+        "pkg/user.py",
+        "pkg/__init__.py",
+    }
+
+
+def _synthetic_repo(root: Path, num_packages: int, modules_per_package: int) -> None:
+    """A vLLM-sized tree: chained imports, registries by dotted string, one step per package."""
+    rng = random.Random(0)
+    files = {"ci/ci_config.yaml": RUN_CONFIG + "dependency_check:\n  test_roots: [tests]\n"}
+    steps = []
+    for package in range(num_packages):
+        files[f"lib/p{package}/__init__.py"] = ""
+        for module in range(modules_per_package):
+            targets = [
+                f"lib.p{rng.randrange(num_packages)}.m{rng.randrange(modules_per_package)}"
+                for _ in range(3)
+            ]
+            body = "\n".join(f"import {target}" for target in targets[:2])
+            files[f"lib/p{package}/m{module}.py"] = (
+                f"{body}\nREGISTRY = {{'x': '{targets[2]}.X'}}\n"
+            )
+        files[f"tests/p{package}/test_p{package}.py"] = (
+            f"import lib.p{package}.m0\n\ndef test_p{package}():\n    assert True\n"
+        )
+        declared = f"[lib/, tests/p{package}/]" if package else "[lib/p1/, tests/p0/]"  # gaps
+        steps.append(
+            f"  - label: P{package}\n    key: p{package}\n    device: cpu\n"
+            f"    source_file_dependencies: {declared}\n"
+            f"    commands: [python -m pytest tests/p{package}]\n"
+        )
+    files["ci/test_areas/synthetic.yaml"] = "group: S\nsteps:\n" + "".join(steps)
+    write_tree(root, files)
+
+
+def test_synthetic_repository_of_3000_modules_is_checked_in_seconds(tmp_path):
+    _synthetic_repo(tmp_path, num_packages=30, modules_per_package=100)
+    started = time.perf_counter()
+    report = _report(tmp_path)
+    elapsed = time.perf_counter() - started
+    print(
+        f"check-deps on {report.modules_indexed} modules, {len(report.steps)} steps: "
+        f"{elapsed:.2f} s"
+    )
+    assert report.modules_indexed >= 3000
+    assert report.steps[0].gaps and all(step.ok for step in report.steps[1:])
+    assert len(report.steps[0].reachable) > 1000, "random imports connect most of the tree"
+    assert elapsed < 15.0
+
+
+@pytest.mark.parametrize(
+    ("fixture", "step_key", "new_lines"),
+    [
+        ("spec_decode", "v1-spec-decode", ["    - vllm/v1/attention/backends/\n"]),
+        ("distributed", "distributed-comm-ops", ["  - vllm/v1/attention/backends/\n"]),
+        (
+            "crcr_report",
+            "crcr-report",
+            ["    source_file_dependencies:\n", "      - vllm/v1/attention/backends/\n"],
+        ),
+    ],
+    ids=["indented-list", "unindented-list", "no-list-yet"],
+)
+def test_fix_only_inserts_lines_in_the_files_own_style(tmp_path, fixture, step_key, new_lines):
+    source = Path(__file__).parent / f"data/vllm-buildkite/.buildkite/test_areas/{fixture}.yaml"
+    target = tmp_path / f"{fixture}.yaml"
+    target.write_text(source.read_text())
+    assert add_dependencies(target, {step_key: ["vllm/v1/attention/backends/"]}) == [
+        f"{step_key}: vllm/v1/attention/backends/"
+    ]
+    before, after = source.read_text().splitlines(True), target.read_text().splitlines(True)
+    diff = list(difflib.ndiff(before, after))
+    assert [line[2:] for line in diff if line.startswith("+ ")] == new_lines
+    assert not [line for line in diff if line.startswith("- ")]
+    steps, _ = load_test_area_file(target, "t.yaml")
+    step = next(step for step in steps if step.key == step_key)
+    assert step.source_file_dependencies[-1] == "vllm/v1/attention/backends/"
+    assert add_dependencies(target, {step_key: ["vllm/v1/attention/backends/"]}) == []
+
+
+def test_check_deps_json_report(planted):
+    result = run_cli("check-deps", "--repo", str(planted), "--json")
+    document = json.loads(result.stdout)
+    assert result.exit_code == 1 and document["ok"] is False
+    assert [gap["suggestion"] for gap in document["steps"][0]["gaps"]] == ["kernels/"] * 5
+    assert document["orphan_tests"] == ["tests/test_unowned.py"]
+
+
+def test_static_selection_agrees_with_pytest_collection(planted):
+    arguments = ["tests", "suites", "-k", "greedy or nobody"]
+    collected = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *arguments,
+        ],
+        cwd=planted,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    ).stdout
+    from_pytest = sorted(line for line in collected.splitlines() if "::" in line)
+    (run,) = pytest_runs((f"pytest {shlex.join(arguments)}",), None, None)
+    files = collected_files(planted, run, ())
+    assert len(from_pytest) == 2
+    assert sorted(test.node_id for test in selected_tests(planted, run, files)) == from_pytest

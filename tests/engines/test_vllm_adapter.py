@@ -1,0 +1,122 @@
+"""The vLLM adapter's own tests.
+
+The pure parts (state-page padding, input refusal, verdict table) run
+everywhere; the parts that drive vLLM's code skip with a reason where vLLM is
+not installed (``nox -s vllm_conformance`` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from reference_engine.kv_cache_spec import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+from reference_engine.model_pairs import get_model_pair
+from suites.engines.vllm_adapter import (
+    _refuse_shared_layers_with_specs,
+    has_module,
+    pad_state_pages,
+)
+from suites.engines.vllm_verdicts import main, markdown_table
+
+needs_vllm = pytest.mark.skipif(
+    not has_module("vllm"), reason="vLLM is not installed (nox -s vllm_conformance installs it)"
+)
+
+FULL = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.float32)
+STATE = MambaSpec(block_size=16, shapes=((4, 64),), dtypes=(torch.float32,))
+
+
+def test_state_pages_are_padded_to_the_attention_page():
+    padded = pad_state_pages({"attn": FULL, "state": STATE})
+    assert padded["state"].page_size_bytes == FULL.page_size_bytes
+    assert padded["attn"] == FULL
+
+
+def test_a_state_larger_than_the_attention_page_is_refused():
+    big = MambaSpec(block_size=16, shapes=((64, 1024),), dtypes=(torch.float32,))
+    with pytest.raises(ValueError, match=r"layer state: its state \(262144 bytes\) exceeds"):
+        pad_state_pages({"attn": FULL, "state": big})
+
+
+def test_a_shared_layer_with_its_own_spec_is_refused():
+    with pytest.raises(ValueError, match=r"\['layer_2'\] both share"):
+        _refuse_shared_layers_with_specs({"layer_1": FULL, "layer_2": FULL}, {"layer_2": "layer_1"})
+
+
+def _verdicts(version: str, gemma: dict) -> dict:
+    return {
+        "vllm": version,
+        "runner": "r",
+        "pairs": {"gemma4-e2b-mtp": gemma, "u": {"verdict": "pass"}},
+    }
+
+
+def test_table_orders_versions_numerically_and_names_the_first_failure():
+    failing = {"verdict": "fail", "tp": 1, "check": "start-up", "message": "got {8, 4} | x"}
+    table = markdown_table(
+        [_verdicts("0.34.0", {"verdict": "pass"}), _verdicts("0.4.0", failing)]
+    ).splitlines()
+    assert table[0] == "| pair | vLLM 0.4.0 (r) | vLLM 0.34.0 (r) |"
+    assert table[2] == "| gemma4-e2b-mtp | **fail** (tp1, start-up): `got {8, 4} \\| x` | pass |"
+    assert table[3] == "| u | pass | pass |"
+
+
+def test_table_cli_refuses_a_foreign_file_with_exit_code_2(tmp_path, capsys):
+    foreign = tmp_path / "x.json"
+    foreign.write_text(json.dumps({"tests": []}))
+    assert main(["table", str(foreign)]) == 2
+    assert "expected keys vllm, runner, pairs" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    from suites.engines.vllm_adapter import VllmEngineAdapter
+
+    return VllmEngineAdapter()
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    "spec",
+    [FULL, SlidingWindowSpec(16, 1, 256, torch.bfloat16, sliding_window=32), STATE],
+    ids=["full", "sliding", "mamba"],
+)
+def test_specs_convert_both_ways_exactly(spec):
+    from suites.engines.vllm_specs import from_vllm_spec, to_vllm_spec
+
+    assert from_vllm_spec(to_vllm_spec(spec)) == spec
+
+
+@needs_vllm
+def test_a_padded_attention_page_is_refused_not_dropped():
+    import dataclasses
+
+    from suites.engines.vllm_specs import UnrepresentableSpecError, from_vllm_spec, to_vllm_spec
+
+    padded = dataclasses.replace(to_vllm_spec(FULL), page_size_padded=10**6)
+    with pytest.raises(UnrepresentableSpecError, match="page_size_padded=1000000"):
+        from_vllm_spec(padded)
+
+
+@needs_vllm
+def test_gemma4_mtp_verdict_matches_the_installed_vllm(adapter):
+    """The three known behaviours, told apart by what the version contains:
+    no Q-head key (0.22.x: strict check crashes), key without the helper
+    (0.24: model-wide builder count), key and helper (0.34)."""
+    import vllm.v1.attention.backends.utils as backend_utils
+
+    outcome = adapter.setup(get_model_pair("gemma4-e2b-mtp").layers(1), "native")
+    draft_groups = [
+        g for row in outcome.attention_groups for g in row if g.layer_names[0].startswith("draft")
+    ]
+    if outcome.error is not None:
+        assert outcome.error.startswith(
+            "AssertionError: All layers in one attention group must share num_heads; got {8, 4}"
+        )
+    elif hasattr(backend_utils, "get_num_attention_heads_from_layers"):
+        assert {(g.num_heads_q, g.builder_num_heads) for g in draft_groups} == {(4, 4)}
+    else:
+        assert {(g.num_heads_q, g.builder_num_heads) for g in draft_groups} == {(4, 8)}

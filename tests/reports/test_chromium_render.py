@@ -1,0 +1,151 @@
+"""The report rendered by headless Chromium: scripts run, nothing injected, fits a laptop.
+
+CI installs the browser (``apt-get update && apt-get install -y chromium``) and sets
+CI=true, so there a missing browser fails; elsewhere the test skips with that reason.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from reports.cli import main
+from reports.record import write_record
+from tests.reports.records import HOSTILE_SELECTION, hostile_history
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+LAPTOP_WIDTH, LAPTOP_HEIGHT = 1366, 768
+BROWSER_TIMEOUT_S = 120
+# Test-only instrumentation appended to a copy of the report: what the page looks like
+# after its own script ran, and whether the test table filter works.
+PROBE = """<script>
+(function () {
+  var rows = Array.from(document.querySelectorAll("#all-tests tbody tr"));
+  var search = document.getElementById("test-filter");
+  search.value = "test_decode";
+  search.dispatchEvent(new Event("input"));
+  document.body.setAttribute("data-probe", JSON.stringify({
+    ready: document.documentElement.getAttribute("data-report-ready"),
+    injected: typeof window.injected,
+    overflow: document.documentElement.scrollWidth - window.innerWidth,
+    rows: rows.length,
+    visible_after_filter: rows.filter(function (row) { return !row.hidden; }).length,
+    title: document.querySelector("h1").textContent
+  }));
+})();
+</script>
+</body>"""
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = next((path for path in map(shutil.which, BROWSERS) if path), None)
+    if found is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(
+                "CI=true but Chromium is missing: run `apt-get update && apt-get install -y chromium`"
+            )
+        pytest.skip("Chromium is not installed (apt-get install -y chromium); CI runs this test")
+    return found
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    """A report built by the CLI from a run with a planted regression and hostile strings."""
+    folder = tmp_path_factory.mktemp("render")
+    baseline, current = hostile_history()
+    write_record(baseline, folder / "baseline.json")
+    write_record(current, folder / "run.json")
+    (folder / "selection.json").write_text(json.dumps(HOSTILE_SELECTION))
+    assert (
+        main(
+            [
+                "build",
+                "--run",
+                str(folder / "run.json"),
+                "--baseline",
+                str(folder / "baseline.json"),
+                "--selection",
+                str(folder / "selection.json"),
+                "-o",
+                str(folder / "report.html"),
+            ]
+        )
+        == 0
+    )
+    probed = folder / "probed.html"
+    probed.write_text((folder / "report.html").read_text().replace("</body>", PROBE))
+    return probed
+
+
+def run_browser(chromium: str, profile: Path, *arguments: str) -> subprocess.CompletedProcess:
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--window-size={LAPTOP_WIDTH},{LAPTOP_HEIGHT}",
+        *arguments,
+    ]
+    completed = subprocess.run(
+        command, capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S, check=False
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return completed
+
+
+@pytest.fixture(scope="module")
+def rendered_dom(chromium, report, tmp_path_factory) -> str:
+    profile = tmp_path_factory.mktemp("profile")
+    return run_browser(chromium, profile, "--dump-dom", report.as_uri()).stdout
+
+
+@pytest.fixture(scope="module")
+def probe(rendered_dom) -> dict:
+    match = re.search(r'data-probe="([^"]*)"', rendered_dom)
+    assert match, "the probe script did not run"
+    return json.loads(html.unescape(match.group(1)))
+
+
+def test_report_script_ran(probe):
+    assert probe["ready"] == "1"
+    assert probe["title"] == "Regressions"
+
+
+def test_no_test_string_was_executed(probe, rendered_dom):
+    assert probe["injected"] == "undefined"
+    assert "test_groups[&lt;script&gt;window.injected=1&lt;/script&gt;" in rendered_dom
+    assert "&lt;img src=x onerror=" in rendered_dom
+
+
+def test_fits_a_laptop_screen_without_sideways_scrolling(probe):
+    assert probe["overflow"] <= 0
+
+
+def test_test_table_filter_works(probe):
+    assert probe["rows"] == 2
+    assert probe["visible_after_filter"] == 1
+
+
+def test_screenshot_at_laptop_size(chromium, report, tmp_path):
+    screenshot = tmp_path / "report.png"
+    run_browser(chromium, tmp_path / "profile", f"--screenshot={screenshot}", report.as_uri())
+    data = screenshot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])  # the IHDR chunk
+    assert (width, height) == (LAPTOP_WIDTH, LAPTOP_HEIGHT)
+    assert len(data) > 20_000  # a rendered page, not a blank canvas

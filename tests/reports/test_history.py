@@ -1,0 +1,43 @@
+"""History folders: ordering, baseline choice, and bad files."""
+
+from __future__ import annotations
+
+import pytest
+
+from reports.history import latest_baseline, load_history
+from reports.record import RecordError, write_record
+from tests.reports.records import make_run, make_test
+
+
+def test_history_is_ordered_by_time_and_excludes_the_current_run(tmp_path):
+    runs = [
+        make_run(make_test("a.py::t"), run_id=run_id, created_at=created)
+        for run_id, created in [
+            ("r2", "2026-11-02T00:00:00"),
+            ("r1", "2026-11-01T00:00:00"),
+            ("current", "2026-11-03T00:00:00"),
+        ]
+    ]
+    for run in runs:
+        write_record(run, tmp_path / f"{run.run_id}.json")
+    history = load_history(tmp_path)
+    assert [run.run_id for run in history] == ["r1", "r2", "current"]
+    assert latest_baseline(history, runs[2]).run_id == "r2"
+
+
+def test_missing_history_folder_is_empty(tmp_path):
+    assert load_history(tmp_path / "never-written") == ()
+
+
+def test_corrupt_record_in_history_is_an_error(tmp_path):
+    write_record(make_run(run_id="ok"), tmp_path / "ok.json")
+    (tmp_path / "broken.json").write_text('{"schema": ')
+    with pytest.raises(RecordError, match=r"broken\.json"):
+        load_history(tmp_path)
+
+
+def test_history_path_that_is_a_file_is_an_error(tmp_path):
+    path = tmp_path / "history.json"
+    path.write_text("{}")
+    with pytest.raises(RecordError, match="not a directory"):
+        load_history(path)

@@ -1,0 +1,411 @@
+"""The run-record pytest plugin: what it records, when it writes, and xdist merging.
+
+Inner pytest runs disable plugin autoloading and load ``reports.pytest_plugin`` (and
+xdist) explicitly: fast, and independent of whether the project is pip-installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from reports.pytest_plugin import METRIC_PROPERTY, _TestProgress
+from reports.record import RunRecord, load_record
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = ("-p", "reports.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+
+SAMPLE_CONFTEST = """
+def pytest_addoption(parser):
+    parser.addoption("--engine", default="reference")
+"""
+SAMPLE_INI = """
+[pytest]
+markers =
+    grouping: grouping checks
+    kernels: kernel checks
+"""
+SAMPLE_TESTS = """
+import pytest
+
+
+class Pair:  # a named object, like a ModelPair
+    def __init__(self, name):
+        self.name = name
+
+
+class Dtype:  # prints like a torch dtype, without importing torch
+    def __str__(self):
+        return "torch.bfloat16"
+
+
+@pytest.mark.grouping
+@pytest.mark.parametrize("tp", [1, 2], ids=lambda tp: f"tp{tp}")
+@pytest.mark.parametrize("dtype", [Dtype()])
+@pytest.mark.parametrize("model_pair", [Pair("gemma4-e2b-mtp")], ids=["gemma4-e2b-mtp"])
+@pytest.mark.parametrize("backend", ["triton"])
+def test_grouping(backend, model_pair, dtype, tp):
+    assert tp == 1, "split-KV scratch sized for 8 heads, got 4"
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("case", ["flashinfer-fp16-tp2"], ids=lambda case: case)
+def test_id_tokens(case):
+    pass
+
+
+@pytest.mark.kernels
+@pytest.mark.parametrize("backend_dtype", [("flashinfer", Dtype())], ids=["flashinfer-bf16"])
+def test_compound(backend_dtype):
+    pass
+
+
+def test_metric(record_metric):
+    import fractions  # any numbers.Real counts, as numpy scalars do
+
+    record_metric("decode_latency", 1.0, "ms", samples=[1.0, fractions.Fraction(11, 10), 0.9])
+    record_metric("throughput", 900.0, "tokens/s", threshold=0.1)
+
+
+def test_skipped():
+    pytest.skip("needs a CUDA device")
+
+
+@pytest.mark.xfail(reason="known LEGACY bug")
+def test_xfailed():
+    assert False
+
+
+@pytest.mark.xfail(reason="fixed upstream")
+def test_xpassed():
+    pass
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture exploded")
+
+
+def test_error(broken):
+    pass
+
+
+def test_deselected():
+    pass
+"""
+
+
+def clean_environment(environ: dict[str, str]) -> dict[str, str]:
+    """No autoloaded plugins, no inherited record path or CI variables; reports importable."""
+    environment = {
+        k: v
+        for k, v in environ.items()
+        if k != "ATTENTION_GROUPING_RUN_RECORD" and not k.startswith("BUILDKITE_")
+    }
+    environment["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(REPO_ROOT), environ.get("PYTHONPATH")])
+    )
+    return environment
+
+
+@pytest.fixture
+def isolated(pytester, monkeypatch):
+    """pytester whose inner runs see a clean environment (see clean_environment)."""
+    cleaned = clean_environment(dict(os.environ))
+    for name in set(os.environ) - cleaned.keys():
+        monkeypatch.delenv(name)
+    for name, value in cleaned.items():
+        monkeypatch.setenv(name, value)
+    return pytester
+
+
+@pytest.fixture
+def inner(isolated):
+    """An isolated pytester holding the sample suite."""
+    isolated.makeconftest(SAMPLE_CONFTEST)
+    isolated.makeini(SAMPLE_INI)
+    isolated.makepyfile(test_sample=SAMPLE_TESTS)
+    return isolated
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory) -> tuple[RunRecord, Path]:
+    """One run of the sample suite (in a subprocess, shared by the content checks)."""
+    folder = tmp_path_factory.mktemp("sample")
+    (folder / "conftest.py").write_text(SAMPLE_CONFTEST)
+    (folder / "pytest.ini").write_text(SAMPLE_INI)
+    (folder / "test_sample.py").write_text(SAMPLE_TESTS)
+    environment = clean_environment(dict(os.environ))
+    environment.update(BUILDKITE_COMMIT="f" * 40, BUILDKITE_BRANCH="fix/grouping")
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *PLUGIN,
+            "-p",
+            "no:cacheprovider",
+            "--run-record",
+            "out/run.json",
+            "--junitxml",
+            "out/junit.xml",
+            "--ci-step",
+            "grouping",
+            "-k",
+            "not deselected",
+        ],
+        cwd=folder,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    return load_record(folder / "out" / "run.json"), folder / "out" / "junit.xml"
+
+
+def test_by_name(record: RunRecord, name: str):
+    [test] = [test for test in record.tests if test.nodeid.split("::")[1].startswith(name)]
+    return test
+
+
+test_by_name.__test__ = False  # a helper, not a test
+
+
+@pytest.mark.parametrize(
+    ("name", "outcome", "message"),
+    [
+        ("test_grouping[triton-gemma4-e2b-mtp-dtype0-tp1]", "passed", None),
+        (
+            "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp2]",
+            "failed",
+            "split-KV scratch sized for 8 heads",
+        ),
+        ("test_skipped", "skipped", "needs a CUDA device"),
+        ("test_xfailed", "xfailed", "known LEGACY bug"),
+        ("test_xpassed", "xpassed", "fixed upstream"),
+        ("test_error", "error", "RuntimeError: fixture exploded"),
+        ("test_deselected", "deselected", None),
+    ],
+)
+def test_outcome_and_message(sample_run, name, outcome, message):
+    test = test_by_name(sample_run[0], name)
+    assert test.outcome == outcome
+    if message is None:
+        assert test.message is None
+    else:
+        assert message in test.message
+
+
+def test_failure_keeps_the_traceback(sample_run):
+    test = test_by_name(sample_run[0], "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp2]")
+    assert "assert tp == 1" in test.details
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "markers"),
+    [
+        pytest.param(
+            "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp2]",
+            {
+                "pair": "gemma4-e2b-mtp",
+                "backend": "triton",
+                "dtype": "bf16",
+                "tp": "2",
+                "engine": "reference",
+            },
+            ("grouping",),
+            id="from-params",
+        ),
+        pytest.param(
+            "test_id_tokens",
+            {"dtype": "fp16", "tp": "2", "engine": "reference"},
+            ("kernels",),
+            id="from-id-tokens",
+        ),
+        pytest.param(
+            "test_compound",
+            {"backend": "flashinfer", "dtype": "bf16", "engine": "reference"},
+            ("kernels",),
+            id="from-compound-parameter",
+        ),
+        pytest.param("test_deselected", {"engine": "reference"}, (), id="deselected"),
+    ],
+)
+def test_parametrization_split_into_fields(sample_run, name, fields, markers):
+    test = test_by_name(sample_run[0], name)
+    assert dict(test.fields) == fields
+    assert test.markers == markers
+    assert test.step == "grouping"
+
+
+def test_raw_params_are_recorded(sample_run):
+    test = test_by_name(sample_run[0], "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp1]")
+    assert dict(test.params) == {
+        "backend": "triton",
+        "model_pair": "gemma4-e2b-mtp",
+        "dtype": "torch.bfloat16",
+        "tp": 1,
+    }
+
+
+def test_metrics_recorded_through_the_fixture(sample_run):
+    metrics = {metric.name: metric for metric in sample_run[0].metrics}
+    assert metrics["decode_latency"].samples == (1.0, 1.1, 0.9)
+    assert metrics["decode_latency"].higher_is_better is False
+    assert metrics["throughput"].higher_is_better is True
+    assert metrics["throughput"].threshold == 0.1
+    assert {metric.nodeid for metric in metrics.values()} == {"test_sample.py::test_metric"}
+
+
+def test_environment(sample_run):
+    record = sample_run[0]
+    environment = record.environment
+    assert environment["git_sha"] == "f" * 40
+    assert environment["git_branch"] == "fix/grouping"
+    assert environment["engine"] == "reference"
+    assert environment["ci_step"] == "grouping"
+    assert {
+        "torch",
+        "triton",
+        "transformers",
+        "flashinfer",
+        "device",
+        "python",
+    } <= environment.keys()
+    assert environment["device"]
+    assert record.exit_status == 1
+
+
+def test_junit_xml_for_ci_views(sample_run):
+    root = ElementTree.parse(sample_run[1]).getroot()
+    cases = root.findall(".//testcase")
+    assert len(cases) == 9  # every test that ran; the deselected one is absent
+    [metric_case] = [case for case in cases if case.get("name") == "test_metric"]
+    values = [
+        json.loads(p.get("value"))
+        for p in metric_case.iter("property")
+        if p.get("name") == METRIC_PROPERTY
+    ]
+    assert {value["name"] for value in values} == {"decode_latency", "throughput"}
+
+
+def test_inert_unless_asked(inner):
+    result = inner.runpytest(*PLUGIN)
+    result.assert_outcomes(passed=5, failed=1, skipped=1, xfailed=1, xpassed=1, errors=1)
+    assert list(inner.path.rglob("*.json")) == []
+    assert "run record:" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("source", ["option", "environment", "ini"])
+def test_record_path_sources(inner, monkeypatch, source):
+    arguments = list(PLUGIN)
+    if source == "option":
+        arguments += ["--run-record", "out/from-option.json"]
+        monkeypatch.setenv("ATTENTION_GROUPING_RUN_RECORD", "ignored.json")  # the option wins
+    elif source == "environment":
+        monkeypatch.setenv("ATTENTION_GROUPING_RUN_RECORD", "out/from-environment.json")
+    else:
+        inner.makeini(SAMPLE_INI + "run_record = out/from-ini.json\n")
+    result = inner.runpytest(*arguments)
+    written = sorted(path.relative_to(inner.path).as_posix() for path in inner.path.rglob("*.json"))
+    assert written == [f"out/from-{source}.json"]
+    assert len(load_record(inner.path / written[0]).tests) == 10
+    result.stdout.fnmatch_lines([f"run record: *from-{source}.json"])
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        pytest.param(
+            'record_metric("t", float("nan"), "ms")',
+            "value must be a finite number",
+            id="nan-value",
+        ),
+        pytest.param(
+            'record_metric("t", 1.0, "ms", samples=[1.0, "fast"])',
+            "sample must be a finite number",
+            id="text-sample",
+        ),
+        pytest.param('record_metric("", 1.0, "ms")', "non-empty string", id="empty-name"),
+        pytest.param(
+            'record_metric("t", 1.0, "ms", threshold=0)',
+            "threshold must be positive",
+            id="zero-threshold",
+        ),
+        pytest.param(
+            'record_metric("t", 1.0, "ms"); record_metric("t", 2.0, "ms")',
+            "already recorded",
+            id="duplicate",
+        ),
+    ],
+)
+def test_record_metric_rejects_bad_values(isolated, call, error):
+    isolated.makepyfile(f"def test_bad(record_metric):\n    {call}\n")
+    result = isolated.runpytest(*PLUGIN)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*{error}*"])
+
+
+def test_collection_error_is_recorded(isolated):
+    isolated.makepyfile(test_broken="import not_a_module_anywhere\n")
+    isolated.runpytest(*PLUGIN, "--run-record", "run.json")
+    [test] = load_record(isolated.path / "run.json").tests
+    assert (test.nodeid, test.outcome) == ("test_broken.py", "error")
+    assert "not_a_module_anywhere" in test.details
+
+
+def test_xdist_workers_are_merged(inner, sample_run):
+    result = inner.runpytest(
+        *PLUGIN,
+        "-p",
+        "xdist.plugin",
+        "-n",
+        "2",
+        "--run-record",
+        "out/run.json",
+        "-k",
+        "not deselected",
+    )
+    result.assert_outcomes(passed=4, failed=1, skipped=1, xfailed=1, xpassed=1, errors=1)
+    merged = load_record(inner.path / "out" / "run.json")
+    single = sample_run[0]
+
+    def summary(record: RunRecord) -> dict:
+        return {
+            test.nodeid: (test.outcome, dict(test.fields), test.markers) for test in record.tests
+        }
+
+    assert summary(merged) == summary(single)
+    assert [(m.name, m.samples) for m in merged.metrics] == [
+        (m.name, m.samples) for m in single.metrics
+    ]
+    assert merged.environment["device"]
+
+
+def make_report(outcome: str, when: str) -> pytest.TestReport:
+    longrepr = None if outcome == "passed" else "AssertionError: rows differ"
+    return pytest.TestReport("a.py::t", ("a.py", 1, "t"), {}, outcome, longrepr, when, duration=0.5)
+
+
+def test_reruns_are_kept_as_attempts():
+    """pytest-rerunfailures reports a failed attempt as outcome 'rerun', then runs again."""
+    progress = _TestProgress("a.py::t")
+    for outcome, when in [
+        ("passed", "setup"),
+        ("rerun", "call"),
+        ("passed", "setup"),
+        ("passed", "call"),
+        ("passed", "teardown"),
+    ]:
+        progress.add(make_report(outcome, when))
+    assert progress.attempts == ["failed"]
+    assert progress.outcome == "passed"
+    assert progress.duration_s == pytest.approx(2.5)

@@ -1,0 +1,123 @@
+"""Run record files: round trip, atomic writes, and clear errors for unusable input."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from reports.atomic import write_text_atomic
+from reports.record import RecordError, load_record, record_to_json, write_record
+from tests.reports.records import make_metric, make_run, make_test
+
+
+def test_round_trip(tmp_path):
+    record = make_run(
+        make_test(
+            "a.py::test_x[triton-fp32]",
+            "failed",
+            message="boom",
+            details="Traceback...",
+            params={"backend": "triton", "tp": 1},
+            fields={"backend": "triton", "tp": "1"},
+            markers=("kernels",),
+            attempts=("failed",),
+            step="kernels",
+        ),
+        metrics=(make_metric((1.0, 1.1, 0.9), threshold=0.1),),
+    )
+    path = write_record(record, tmp_path / "run.json")
+    loaded = load_record(path)
+    assert loaded == record
+    assert loaded.source == str(path)
+
+
+def valid_document() -> dict:
+    return record_to_json(make_run(make_test("a.py::test_x"), metrics=(make_metric(value=1.0),)))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        pytest.param(
+            lambda d: d.pop("tests"), "required field 'tests' is missing", id="missing-tests"
+        ),
+        pytest.param(
+            lambda d: d.update(schema="junit"), "'schema' is 'junit'", id="foreign-schema"
+        ),
+        pytest.param(
+            lambda d: d.update(schema_version=99), "newer than this reader", id="newer-version"
+        ),
+        pytest.param(
+            lambda d: d["tests"][0].update(outcome="pass"),
+            r"tests\[0\].outcome: 'pass' is not one of",
+            id="bad-outcome",
+        ),
+        pytest.param(
+            lambda d: d["tests"][0].update(duration_s="1s"),
+            r"tests\[0\].duration_s: expected a number",
+            id="string-duration",
+        ),
+        pytest.param(
+            lambda d: d["metrics"][0].update(samples=[1.0, None]),
+            r"metrics\[0\].samples\[1\]: expected a number, got null",
+            id="null-sample",
+        ),
+        pytest.param(
+            lambda d: d.update(environment=[]), "environment: expected an object", id="env-list"
+        ),
+        pytest.param(
+            lambda d: d["metrics"][0].update(threshold=-0.1), "must be positive", id="neg-threshold"
+        ),
+    ],
+)
+def test_wrong_schema_names_the_field(tmp_path, mutate, message):
+    document = valid_document()
+    mutate(document)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(RecordError, match=message):
+        load_record(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        pytest.param(None, "does not exist", id="missing"),
+        pytest.param("", "is empty", id="empty"),
+        pytest.param(
+            '{"schema": "attention-grouping-run-record", "tests": [',
+            "not valid JSON",
+            id="truncated",
+        ),
+        pytest.param("[1, 2]", "expected a JSON object, got a list", id="list"),
+    ],
+)
+def test_unreadable_input_is_a_clear_error(tmp_path, content, message):
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(RecordError, match=message) as error:
+        load_record(path)
+    assert str(path) in str(error.value)
+
+
+def test_failed_write_keeps_the_previous_file(tmp_path, monkeypatch):
+    target = tmp_path / "report.html"
+    target.write_text("good report")
+
+    def fail_replace(source, destination):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail_replace)
+    with pytest.raises(OSError, match="disk full"):
+        write_text_atomic(target, "half")
+    assert target.read_text() == "good report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no temp file left
+
+
+def test_atomic_write_creates_folders_and_readable_file(tmp_path):
+    target = write_text_atomic(tmp_path / "out" / "nested" / "report.html", "<html></html>")
+    assert target.read_text() == "<html></html>"
+    assert target.stat().st_mode & 0o444 == 0o444

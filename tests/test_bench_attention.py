@@ -1,0 +1,91 @@
+"""The attention benchmark's CLI on the CPU: a tiny dry run end to end, and its bad-input exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.bench_attention import MAX_RELATIVE_ERROR, SHAPES, Case, cases, parse_args
+from benchmarks.timing import Timing
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_tiny_dry_run_writes_checked_metrics(tmp_path: Path) -> None:
+    """Every quick case runs once through Triton (interpreter) and matches the oracle."""
+    out = tmp_path / "bench" / "attention.json"
+    command = [sys.executable, "-m", "benchmarks.bench_attention", "--dry-run", "--tiny"]
+    completed = subprocess.run(
+        [*command, "--quick", "--backends", "triton", "--json", str(out)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr
+    metrics = json.loads(out.read_text())
+    quick_cases = cases(quick=True, tiny=True, shape_names=list(SHAPES))
+    expected_names = {f"{case.name}.triton.relative_error" for case in quick_cases}
+    assert {metric["name"] for metric in metrics} == expected_names
+    for metric in metrics:
+        assert set(metric) == {"name", "value", "unit", "samples", "higher_is_better"}
+        assert 0 < metric["value"] < MAX_RELATIVE_ERROR, metric
+    assert "draft.gemma4-e2b-sliding-d256.b3x80" in completed.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dry-run", "--tiny", "--runs", "5"], "--runs must be at least 20"),
+        (["--dry-run", "--tiny", "--shapes", "gemma9"], "unknown shapes"),
+        (["--dry-run", "--tiny", "--backends", "cudnn"], "unknown backends"),
+        (["--tiny"], "--tiny is for --dry-run"),
+    ],
+    ids=["too-few-runs", "unknown-shape", "unknown-backend", "tiny-without-dry-run"],
+)
+def test_bad_arguments_exit_2(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [([], "timing needs a CUDA device"), (["--dry-run"], "--dry-run needs --tiny")],
+    ids=["timing", "full-size-dry-run"],
+)
+def test_cpu_refuses_what_needs_a_gpu(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_kv_bytes_match_the_research_anchor() -> None:
+    """Llama 32q/8kv/d128 at 64 x 8k reads 2.15 GB of bf16 K+V (research notes, section 0)."""
+    case = Case("llama3-8b-d128", "decode", "b64x8k", 64, 8192)
+    assert case.kv_bytes == 64 * 8192 * 2 * 8 * 128 * 2
+    assert round(case.kv_bytes / 1e9, 2) == 2.15
+
+
+def test_draft_reads_the_target_pages_with_four_heads() -> None:
+    case = Case("gemma4-e2b-sliding-d256", "draft", "b64x8k", 64, 8192)
+    target = Case("gemma4-e2b-sliding-d256", "decode", "b64x8k", 64, 8192)
+    assert (case.num_heads_q, target.num_heads_q) == (4, 8)
+    assert case.kv_bytes == target.kv_bytes
+
+
+def test_timing_percentiles() -> None:
+    timing = Timing(tuple(float(value) for value in range(1, 102)))
+    assert timing.median_us == 51.0
+    assert timing.percentile_us(10) == pytest.approx(11.0)
+    assert timing.percentile_us(90) == pytest.approx(91.0)
