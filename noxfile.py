@@ -103,7 +103,9 @@ def gpu_tests(session: nox.Session) -> None:
         "-c",
         "import torch; assert torch.cuda.is_available(), 'gpu_tests needs a CUDA device'",
     )
-    _run_suites_with_report(session, "gpu", ["suites", "tests"])
+    # The raw FlashInfer probe launches with a wrong head count on purpose and may fault the
+    # device: it runs in its own process (see suites/kernels/test_merged_group_hazard.py).
+    _run_suites_with_report(session, "gpu", ["suites", "tests", "-k", "not unguarded_probe"])
 
 
 @nox.session

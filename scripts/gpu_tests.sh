@@ -6,5 +6,12 @@ set -euo pipefail
 dir=${WHEELS:-.whl}
 site=${SITE:-/tmp/agc-site}
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$dir"/*.whl "$dir"/nox/*.whl
-export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# The project itself, for its pytest plugin's entry point (the code is imported from the checkout).
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$site" .
+rm -rf build ./*.egg-info
+export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
+# nox sessions call `python`; some images only have `python3`.
+if ! command -v python >/dev/null 2>&1; then
+  mkdir -p "$site/bin" && ln -sf "$(command -v python3)" "$site/bin/python" && export PATH="$site/bin:$PATH"
+fi
 python3 -m nox -s gpu_tests -- "$@"
