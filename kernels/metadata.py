@@ -232,7 +232,9 @@ def _positions_and_slots(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions and KV slots of every query token (host tensors, vectorised)."""
     num_tokens = int(query_lens.sum())
-    request_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), query_lens)
+    request_of_token = torch.repeat_interleave(
+        torch.arange(len(query_lens)), query_lens, output_size=num_tokens
+    )
     token_starts = torch.cumsum(query_lens, 0) - query_lens
     offset_in_query = torch.arange(num_tokens) - token_starts[request_of_token]
     positions = (seq_lens - query_lens)[request_of_token] + offset_in_query

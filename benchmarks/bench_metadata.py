@@ -1,0 +1,104 @@
+"""Host time of one step's metadata building for every attention group of a pair.
+
+Per step the engine builds ``CommonAttentionMetadata`` once per KV-cache group
+and hands it to each attention group's builder (``builder.build``). This
+measures that whole host-side cost for a verify step (q_len k+1 per request)
+at a given batch size, as the median over timed steps after warm-up.
+
+    python -m benchmarks.bench_metadata --pair gemma4-e2b-mtp --batch 64 --json out/bench/metadata.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from kernels.metadata import CommonAttentionMetadata, cdiv
+from reference_engine.grouping_plan import plan_grouping
+from reference_engine.model_pairs import get_model_pair
+
+
+def build_step_timer(
+    pair_name: str, batch: int, context_len: int, query_len: int, device: torch.device
+):
+    """A function that builds one step's metadata for every group, and the group count."""
+    layers = get_model_pair(pair_name).layers()
+    plan = plan_grouping(layers, "split", block_size=16, dtype=torch.bfloat16)
+    plan.raise_on_error()
+    by_name = {layer.name: layer for layer in layers}
+    groups = []
+    for kv_group, row in zip(plan.kv_cache_groups, plan.attention_groups, strict=True):
+        block_size = kv_group.kv_cache_spec.block_size
+        blocks = cdiv(context_len, block_size)
+        table = torch.randperm(batch * blocks).reshape(batch, blocks).to(torch.int32) + 1
+        for entry in row:
+            entry.group.create_metadata_builders(
+                by_name, device, max_num_seqs=batch, max_query_len=query_len
+            )
+        groups.append((block_size, table, [entry.group.get_metadata_builder() for entry in row]))
+    seq_lens = [context_len] * batch
+    query_lens = [query_len] * batch
+
+    def step() -> None:
+        for block_size, table, builders in groups:
+            common = CommonAttentionMetadata.from_seq_lens(
+                seq_lens, query_lens, table, block_size, device
+            )
+            for builder in builders:
+                builder.build(common)
+
+    return step, sum(len(builders) for _, _, builders in groups)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pair", default="gemma4-e2b-mtp")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--context-len", type=int, default=8192)
+    parser.add_argument("--query-len", type=int, default=4, help="k+1 (verify)")
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.runs < 2 or args.batch < 1:
+        print("error: --runs must be >= 2 and --batch >= 1", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    step, num_builders = build_step_timer(
+        args.pair, args.batch, args.context_len, args.query_len, device
+    )
+    for _ in range(5):
+        step()
+    samples = []
+    for _ in range(args.runs):
+        start = time.perf_counter()
+        step()
+        samples.append((time.perf_counter() - start) * 1e6)
+    median = statistics.median(samples)
+    quartiles = statistics.quantiles(samples, n=10)
+    print(
+        f"metadata.{args.pair}.b{args.batch}: {num_builders} builders, median {median:.1f} us host time "
+        f"per step (p10 {quartiles[0]:.1f}, p90 {quartiles[-1]:.1f}) on {device}"
+    )
+    if args.json:
+        metric = {
+            "name": f"metadata.{args.pair}.b{args.batch}.host_us",
+            "value": median,
+            "unit": "us",
+            "samples": samples,
+            "higher_is_better": False,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([metric], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
