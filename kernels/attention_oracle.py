@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.kv_cache_write import check_query_against_cache
+
 
 def paged_attention_reference(
     query: torch.Tensor,
@@ -83,21 +85,7 @@ def _check_inputs(
     block_table: torch.Tensor,
 ) -> None:
     """Reject batches the kernels would misread, with a message that names the problem."""
-    if query.dim() != 3:
-        raise ValueError(f"query must be [num_tokens, num_heads_q, head_size]; got {query.shape}")
-    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
-        raise ValueError(
-            "key_cache and value_cache must be [num_blocks, block_size, num_kv_heads, head_size] "
-            f"alike; got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
-        )
-    num_heads_q, head_size = query.shape[1:]
-    num_kv_heads = key_cache.shape[2]
-    if key_cache.shape[3] != head_size:
-        raise ValueError(f"query head size {head_size} != cache head size {key_cache.shape[3]}")
-    if num_heads_q % num_kv_heads:
-        raise ValueError(
-            f"num_heads_q {num_heads_q} is not a multiple of num_kv_heads {num_kv_heads}"
-        )
+    check_query_against_cache(query, key_cache, value_cache)
     num_reqs = seq_lens.shape[0]
     if query_start_loc.shape != (num_reqs + 1,) or block_table.shape[0] != num_reqs:
         raise ValueError(

@@ -86,6 +86,28 @@ def _tokens_per_program(elements_per_token: int) -> int:
     return tokens
 
 
+def check_query_against_cache(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> None:
+    """Queries [num_tokens, num_heads_q, head_size] fit caches of the layout above
+    (same head size, query heads a multiple of KV heads): shared by every kernel."""
+    if query.dim() != 3:
+        raise ValueError(f"query must be [num_tokens, num_heads_q, head_size]; got {query.shape}")
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            "key_cache and value_cache must be [num_blocks, block_size, num_kv_heads, head_size] "
+            f"alike; got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
+    num_heads_q, head_size = query.shape[1:]
+    num_kv_heads = key_cache.shape[2]
+    if key_cache.shape[3] != head_size:
+        raise ValueError(f"query head size {head_size} != cache head size {key_cache.shape[3]}")
+    if num_heads_q % num_kv_heads:
+        raise ValueError(
+            f"num_heads_q {num_heads_q} is not a multiple of num_kv_heads {num_kv_heads}"
+        )
+
+
 def _check_shapes(
     key: torch.Tensor,
     value: torch.Tensor,

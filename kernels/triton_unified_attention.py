@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.kv_cache_write import check_query_against_cache
+
 MAX_3D_QUERY_LEN = 8
 """The longest query (decode, or verify of up to 7 drafts) the split-KV path serves."""
 DEFAULT_NUM_SEGMENTS = 16
@@ -466,21 +468,7 @@ def _check_inputs(
     block_table: torch.Tensor,
 ) -> None:
     """Shape, dtype and layout checks that need no device sync."""
-    if query.dim() != 3:
-        raise ValueError(f"query must be [num_tokens, num_heads_q, head_size]; got {query.shape}")
-    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
-        raise ValueError(
-            "key_cache and value_cache must be [num_blocks, block_size, num_kv_heads, head_size] "
-            f"alike; got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
-        )
-    num_heads_q, head_size = query.shape[1:]
-    num_kv_heads = key_cache.shape[2]
-    if key_cache.shape[3] != head_size:
-        raise ValueError(f"query head size {head_size} != cache head size {key_cache.shape[3]}")
-    if num_heads_q % num_kv_heads:
-        raise ValueError(
-            f"num_heads_q {num_heads_q} is not a multiple of num_kv_heads {num_kv_heads}"
-        )
+    check_query_against_cache(query, key_cache, value_cache)
     if output.shape != query.shape:
         raise ValueError(f"output shape {tuple(output.shape)} != query shape {tuple(query.shape)}")
     if not (query.dtype == key_cache.dtype == value_cache.dtype):
