@@ -82,10 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         step()
         samples.append((time.perf_counter() - start) * 1e6)
     median = statistics.median(samples)
-    quartiles = statistics.quantiles(samples, n=10)
+    deciles = statistics.quantiles(samples, n=10)
     print(
         f"metadata.{args.pair}.b{args.batch}: {num_builders} builders, median {median:.1f} us host time "
-        f"per step (p10 {quartiles[0]:.1f}, p90 {quartiles[-1]:.1f}) on {device}"
+        f"per step (p10 {deciles[0]:.1f}, p90 {deciles[-1]:.1f}) on {device}"
     )
     if args.json:
         metric = {

@@ -61,7 +61,6 @@ def sweep(case: Case, device: torch.device, runs: int) -> list[dict]:
         num_heads_q=case.num_heads_q,
         num_kv_heads=case.shape.num_kv_heads,
         head_size=case.shape.head_size,
-        dtype=query.dtype,
         num_seqs=case.batch_size,
         max_query_len=case.query_len,
         max_seq_len=case.context_len,

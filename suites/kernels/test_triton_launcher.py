@@ -105,7 +105,6 @@ def test_verify_reads_kv_once_per_request(
         num_heads_q=num_heads_q,
         num_kv_heads=num_kv_heads,
         head_size=head_size,
-        dtype=torch.bfloat16,
         num_seqs=64,
         max_query_len=max_query_len,
         max_seq_len=8192,

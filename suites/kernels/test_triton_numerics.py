@@ -255,7 +255,6 @@ def test_split_kv_matches_2d(case: Case, num_segments: int, device: torch.device
         num_heads_q=case.num_heads_q,
         num_kv_heads=case.num_kv_heads,
         head_size=case.head_size,
-        dtype=case.dtype,
         num_seqs=batch.spec.num_reqs,
         max_query_len=batch.spec.max_query_len,
         max_seq_len=batch.spec.max_seq_len,
