@@ -25,7 +25,9 @@ def _install_project(session: nox.Session, extras: str = "test") -> None:
     session.install("-e", f".[{extras}]")
 
 
-def _run_suites_with_report(session: nox.Session, name: str, pytest_args: list[str]) -> None:
+def _run_suites_with_report(
+    session: nox.Session, name: str, pytest_args: list[str], env: dict[str, str] | None = None
+) -> None:
     """Run pytest writing a run record and JUnit XML, then the HTML report;
     the report is written even when tests fail, and the session still fails."""
     out = OUT / name
@@ -40,6 +42,7 @@ def _run_suites_with_report(session: nox.Session, name: str, pytest_args: list[s
             f"--run-record={record}",
             f"--junitxml={out / 'junit.xml'}",
             *session.posargs,
+            env=env,
         )
     finally:
         if record.exists():
@@ -105,7 +108,14 @@ def gpu_tests(session: nox.Session) -> None:
     )
     # The raw FlashInfer probe launches with a wrong head count on purpose and may fault the
     # device: it runs in its own process (see suites/kernels/test_merged_group_hazard.py).
-    _run_suites_with_report(session, "gpu", ["suites", "tests", "-k", "not unguarded_probe"])
+    # One torch CPU thread per xdist worker: a worker per core, each with a pool as wide as the
+    # machine, would oversubscribe the cores that model set-up and Triton compiles need.
+    _run_suites_with_report(
+        session,
+        "gpu",
+        ["suites", "tests", "-k", "not unguarded_probe"],
+        env={"OMP_NUM_THREADS": "1"},
+    )
 
 
 @nox.session

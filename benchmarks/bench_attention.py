@@ -129,8 +129,17 @@ class Case:
         )
 
 
-def cases(quick: bool, tiny: bool, shape_names: Sequence[str]) -> list[Case]:
+def cases(
+    quick: bool,
+    tiny: bool,
+    shape_names: Sequence[str],
+    context_names: Sequence[str] | None = None,
+    mode_names: Sequence[str] = ALL_MODES,
+) -> list[Case]:
+    """Shape by shape (a shape's contexts reuse its JIT-compiled kernels), then context, then mode."""
     contexts = TINY_CONTEXTS if tiny else CONTEXTS
+    if context_names is not None:
+        contexts = {name: contexts[name] for name in context_names}
     if quick:
         contexts = dict(list(contexts.items())[:1])
     result = []
@@ -138,6 +147,7 @@ def cases(quick: bool, tiny: bool, shape_names: Sequence[str]) -> list[Case]:
         modes = ALL_MODES if SHAPES[shape_name].has_draft else ALL_MODES[:2]
         if quick:
             modes = QUICK_CASES.get(shape_name, ())
+        modes = [mode for mode in modes if mode in mode_names]
         for context_name, (batch_size, context_len) in contexts.items():
             result.extend(
                 Case(shape_name, mode, context_name, batch_size, context_len) for mode in modes
@@ -346,13 +356,15 @@ def run_cases(args: argparse.Namespace, device: torch.device) -> tuple[list[Metr
         ratio = ratio_metric(case, timings)
         if ratio is not None:
             metrics.append(ratio)
+        if args.json is not None:  # after every case: a run cut short keeps what it measured
+            write_json(args.json, metrics)
     return metrics, status
 
 
 def cases_with_caches(args: argparse.Namespace, device) -> Iterator[tuple[Case, KVCache]]:
     """Each case with its cache, allocated once per (shape, context)."""
     cache_key, cache = None, None
-    for case in cases(args.quick, args.tiny, args.shapes):
+    for case in cases(args.quick, args.tiny, args.shapes, args.contexts, args.modes):
         if (case.shape_name, case.context_name) != cache_key:
             cache = KVCache.random(case, device)
             cache_key = (case.shape_name, case.context_name)
@@ -396,6 +408,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=list(SHAPES),
         help=f"comma-separated, of {', '.join(SHAPES)}",
     )
+    parser.add_argument(
+        "--contexts",
+        type=comma_list,
+        default=None,
+        help=f"comma-separated, of {', '.join(CONTEXTS)} (default: all; with --tiny: {', '.join(TINY_CONTEXTS)})",
+    )
+    parser.add_argument(
+        "--modes", type=comma_list, default=list(ALL_MODES), help=f"of {', '.join(ALL_MODES)}"
+    )
     parser.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
     args = parser.parse_args(argv)
     if args.runs < 20:
@@ -405,6 +426,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     unknown = [name for name in args.shapes if name not in SHAPES]
     if unknown:
         parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    known_contexts = TINY_CONTEXTS if args.tiny else CONTEXTS
+    unknown = [name for name in args.contexts or () if name not in known_contexts]
+    unknown += [name for name in args.modes if name not in ALL_MODES]
+    if unknown:
+        parser.error(
+            f"unknown contexts or modes {unknown}; known: {', '.join(known_contexts)}; "
+            f"{', '.join(ALL_MODES)}"
+        )
     bad_backends = [name for name in args.backends if name not in BACKENDS]
     if bad_backends:
         parser.error(f"unknown backends {bad_backends}; known: {', '.join(BACKENDS)}")

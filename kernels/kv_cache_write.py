@@ -158,7 +158,7 @@ def _check_slots(slot_mapping: torch.Tensor, num_slots: int) -> None:
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])
 def _write_kv_cache_kernel(
     key_ptr,
     value_ptr,

@@ -521,7 +521,7 @@ def _soft_cap(scores, cap):
     return cap * (1.0 - 2.0 / (doubled + 1.0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "num_segments"])
 def _unified_attention_kernel(
     output_ptr,
     query_ptr,
@@ -687,7 +687,7 @@ def _unified_attention_kernel(
         )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "num_segments"])
 def _merge_segments_kernel(
     output_ptr,
     segm_output_ptr,

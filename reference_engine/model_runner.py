@@ -256,14 +256,14 @@ class ModelRunner:
         self.num_spec_tokens = num_spec_tokens
         self.timings = RunnerTimings()
         self.num_common_metadata_builds = 0
-        _check_kv_write_available(self.device)
         self.layers: dict[str, LayerDescription] = {
             layer.name: layer for layer in pair.layers(tp_size, backend)
         }
         _check_backends(self.layers.values(), self.device, dtype, block_size)
 
         plan = plan_grouping(list(self.layers.values()), policy, block_size, dtype)
-        plan.raise_on_error()
+        plan.raise_on_error()  # a grouping error is the model's, whatever the device: report it first
+        _check_kv_write_available(self.device)
         self.kv_cache_groups: tuple[KVCacheGroupSpec, ...] = plan.kv_cache_groups
         self.attention_groups: tuple[tuple[AttentionGroup, ...], ...] = tuple(
             tuple(entry.group for entry in row) for row in plan.attention_groups

@@ -47,8 +47,17 @@ def test_tiny_dry_run_writes_checked_metrics(tmp_path: Path) -> None:
         (["--dry-run", "--tiny", "--shapes", "gemma9"], "unknown shapes"),
         (["--dry-run", "--tiny", "--backends", "cudnn"], "unknown backends"),
         (["--tiny"], "--tiny is for --dry-run"),
+        (["--dry-run", "--tiny", "--contexts", "b64x8k"], "unknown contexts or modes"),
+        (["--dry-run", "--tiny", "--modes", "prefill"], "unknown contexts or modes"),
     ],
-    ids=["too-few-runs", "unknown-shape", "unknown-backend", "tiny-without-dry-run"],
+    ids=[
+        "too-few-runs",
+        "unknown-shape",
+        "unknown-backend",
+        "tiny-without-dry-run",
+        "full-context-with-tiny",
+        "unknown-mode",
+    ],
 )
 def test_bad_arguments_exit_2(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as exited:
@@ -89,3 +98,20 @@ def test_timing_percentiles() -> None:
     assert timing.median_us == 51.0
     assert timing.percentile_us(10) == pytest.approx(11.0)
     assert timing.percentile_us(90) == pytest.approx(91.0)
+
+
+@pytest.mark.parametrize(
+    ("contexts", "modes", "expected"),
+    [
+        (["b2x150"], ["draft"], ["draft.gemma4-e2b-sliding-d256.b2x150"]),
+        (
+            None,
+            ["decode"],
+            ["decode.gemma4-e2b-sliding-d256.b3x80", "decode.gemma4-e2b-sliding-d256.b2x150"],
+        ),
+    ],
+    ids=["one-context-one-mode", "all-contexts-decode"],
+)
+def test_cases_follow_the_context_and_mode_selection(contexts, modes, expected) -> None:
+    selected = cases(False, True, ["gemma4-e2b-sliding-d256"], contexts, modes)
+    assert [case.name for case in selected] == expected

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels.registry import get_backend
 from reference_engine.llm_engine import EngineConfig, LLMEngine, make_runner
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 from reference_engine.model_runner import DraftOutput, ProposeInput
@@ -61,7 +62,8 @@ def case_marks(pair_name: str, backend: str, dtype: str, k: int | None = None) -
 
 
 def engine_cases(pairs: Sequence[str], ks: Sequence[int]) -> list:
-    """pytest params pair x backend x dtype x k with ids like gemma4-e2b-mtp-triton-fp32-k1."""
+    """pytest params pair x backend x dtype x k with ids like gemma4-e2b-mtp-triton-fp32-k1,
+    for the dtypes each backend supports (FlashInfer has no fp32 kernels)."""
     return [
         pytest.param(
             pair,
@@ -74,6 +76,7 @@ def engine_cases(pairs: Sequence[str], ks: Sequence[int]) -> list:
         for pair in pairs
         for backend in ("torch", "triton", "flashinfer")
         for dtype in DTYPES
+        if DTYPES[dtype] in get_backend(backend).supported_dtypes
         for k in ks
     ]
 

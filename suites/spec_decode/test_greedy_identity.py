@@ -9,8 +9,9 @@ bf16 (GPU): token identity cannot be demanded there. Verification runs 1 + k
 query tokens where plain decoding runs 1, so the two round differently and a
 near-tied argmax may flip, after which the sequences legitimately diverge.
 The bf16 case checks instead that every verify chunk's logits match the fp32
-target's logits for the same tokens (teacher-forced) within the bf16
-tolerance, and that the oracle's correct drafts are mostly accepted.
+target's logits for the same tokens (teacher-forced, on the torch reference
+backend, since FlashInfer has no fp32 kernels) within the bf16 tolerance, and
+that the oracle's correct drafts are mostly accepted.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from suites.spec_decode.harness import (
 )
 
 # ||bf16 - fp32|| / ||fp32|| over one verify chunk: a whole bf16 model with every layer
-# rounding (measured 0.03 on the CPU torch backend); kernels alone are held to 1e-2 in
-# suites/kernels.
-BF16_LOGITS_RTOL = 5e-2
+# rounding. Measured up to 0.035 on gemma4-e2b-mtp and 0.047 (torch) / 0.071 (Triton) on
+# qwen3-next-mtp, whose recurrent state layers compound the rounding; a wrong row or head is
+# off by O(1). Kernels alone are held to 1e-2 in suites/kernels.
+BF16_LOGITS_RTOL = 1e-1
 #: Correct oracle drafts are 4 in 5; bf16 may flip a few near-ties.
 BF16_MIN_ACCEPTANCE = 0.5
 
@@ -50,7 +52,7 @@ def test_spec_decode_greedy(
 
     spec = engine.stats.spec
     if dtype != "fp32":
-        _check_bf16_verification(engines, pair, backend, engine, prompts, outputs)
+        _check_bf16_verification(engines, pair, engine, prompts, outputs)
         return
     assert outputs == reference, "speculative decoding changed the target's greedy tokens"
     assert engine.runner.num_oracle_drafts > 0
@@ -62,8 +64,8 @@ def test_spec_decode_greedy(
     )
 
 
-def _check_bf16_verification(engines, pair, backend, engine, prompts, outputs) -> None:
-    fp32 = engines.engine(pair, backend=backend, num_spec_tokens=0)
+def _check_bf16_verification(engines, pair, engine, prompts, outputs) -> None:
+    fp32 = engines.engine(pair, backend="torch", num_spec_tokens=0)
     sequences = {
         f"req-{i}": prompt + output
         for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True))
