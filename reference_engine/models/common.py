@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import PretrainedConfig
 
 from kernels.backend import AttentionImpl
 from kernels.kv_cache_write import write_kv_cache
-from reference_engine.models.parallel import COLUMN, ROW, SINGLE, TensorParallel
+from reference_engine.models.parallel import COLUMN, ROW, SINGLE, TensorParallel, kv_column
 
 ACTIVATIONS = {
     "silu": nn.functional.silu,
@@ -136,6 +137,48 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         return self.tp.all_reduce(out) if self.reduce else out
+
+
+class AttentionProjections(nn.Module):
+    """This rank's head counts and q/k/v/o projections, in one base so every
+    family shards them alike (q, k, v by column, o by row; the subclass
+    all-reduces o's output). ``q_per_head`` widens q_proj (Qwen3-Next's gate);
+    ``with_kv=False`` omits k/v (the layer reads another layer's cache);
+    ``v_is_k`` sets v_proj to None (Gemma 4's ``attention_k_eq_v``).
+    """
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        num_kv_heads: int,
+        head_dim: int,
+        tp: TensorParallel,
+        *,
+        q_per_head: int = 1,
+        with_kv: bool = True,
+        v_is_k: bool = False,
+    ) -> None:
+        super().__init__()
+        hidden, bias = config.hidden_size, config.attention_bias
+        self.num_heads = tp.split(config.num_attention_heads, "query heads")
+        self.num_kv_heads = tp.kv_heads(num_kv_heads)
+        self.head_dim = head_dim
+        if bias and tp.size > 1:
+            raise ValueError("attention_bias=True is not supported with tensor parallelism")
+        self.tp = tp
+        kv_rule = kv_column(num_kv_heads, head_dim)
+        self.tp_shard_rules = {
+            "q_proj.weight": COLUMN,
+            "k_proj.weight": kv_rule,
+            "v_proj.weight": kv_rule,
+            "o_proj.weight": ROW,
+        }
+        kv_width = self.num_kv_heads * head_dim
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim * q_per_head, bias=bias)
+        if with_kv:
+            self.k_proj = nn.Linear(hidden, kv_width, bias=bias)
+            self.v_proj = None if v_is_k else nn.Linear(hidden, kv_width, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=bias)
 
 
 class PagedAttention(nn.Module):

@@ -22,6 +22,7 @@ from torch import nn
 from transformers import Gemma4TextConfig
 
 from reference_engine.models.common import (
+    AttentionProjections,
     ForwardContext,
     GatedMLP,
     PagedAttention,
@@ -31,7 +32,7 @@ from reference_engine.models.common import (
     default_inv_freq,
     proportional_inv_freq,
 )
-from reference_engine.models.parallel import COLUMN, ROW, SINGLE, TensorParallel, kv_column
+from reference_engine.models.parallel import SINGLE, TensorParallel
 
 
 def gemma4_inv_freq(config: Gemma4TextConfig, layer_type: str, head_dim: int) -> torch.Tensor:
@@ -46,7 +47,7 @@ def gemma4_inv_freq(config: Gemma4TextConfig, layer_type: str, head_dim: int) ->
     raise ValueError(f"Gemma 4 layer type {layer_type}: rope_type {rope_type!r} is not supported")
 
 
-class Gemma4Attention(nn.Module):
+class Gemma4Attention(AttentionProjections):
     def __init__(
         self,
         config: Gemma4TextConfig,
@@ -56,35 +57,21 @@ class Gemma4Attention(nn.Module):
         *,
         kv_shared: bool,
     ) -> None:
-        super().__init__()
         layer_config = config.per_layer_config[index]
         layer_type = config.layer_types[index]
-        self.num_heads = tp.split(config.num_attention_heads, "query heads")
-        self.num_kv_heads = tp.kv_heads(layer_config.num_key_value_heads)
-        self.head_dim = layer_config.head_dim
-        hidden, bias, eps = config.hidden_size, config.attention_bias, config.rms_norm_eps
-        if bias and tp.size > 1:
-            raise ValueError("attention_bias=True is not supported with tensor parallelism")
-        self.tp = tp
-        kv_rule = kv_column(layer_config.num_key_value_heads, self.head_dim)
-        self.tp_shard_rules = {
-            "q_proj.weight": COLUMN,
-            "k_proj.weight": kv_rule,
-            "v_proj.weight": kv_rule,
-            "o_proj.weight": ROW,
-        }
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, eps)
+        super().__init__(
+            config,
+            layer_config.num_key_value_heads,
+            layer_config.head_dim,
+            tp,
+            with_kv=not kv_shared,
+            v_is_k=config.attention_k_eq_v and layer_type != "sliding_attention",
+        )
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.kv_shared = kv_shared
         if not kv_shared:
-            self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-            k_eq_v = config.attention_k_eq_v and layer_type != "sliding_attention"
-            self.v_proj = (
-                None if k_eq_v else nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-            )
-            self.k_norm = RMSNorm(self.head_dim, eps)
-            self.v_norm = RMSNorm(self.head_dim, eps, with_scale=False)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.v_norm = RMSNorm(self.head_dim, config.rms_norm_eps, with_scale=False)
         self.rotary = RotaryEmbedding(gemma4_inv_freq(config, layer_type, self.head_dim))
         self.attn = PagedAttention(layer_name, writes_kv=not kv_shared)
 

@@ -12,6 +12,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from reference_engine.models.common import (
+    AttentionProjections,
     ForwardContext,
     GatedMLP,
     HiddenConditionedDraft,
@@ -20,7 +21,7 @@ from reference_engine.models.common import (
     RotaryEmbedding,
     default_inv_freq,
 )
-from reference_engine.models.parallel import COLUMN, ROW, SINGLE, TensorParallel, kv_column
+from reference_engine.models.parallel import SINGLE, TensorParallel
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -39,29 +40,11 @@ def _check_rope(config: PretrainedConfig) -> None:
         )
 
 
-class DenseAttention(nn.Module):
+class DenseAttention(AttentionProjections):
     def __init__(
         self, config: PretrainedConfig, layer_name: str, tp: TensorParallel, *, qk_norm: bool
     ) -> None:
-        super().__init__()
-        self.num_heads = tp.split(config.num_attention_heads, "query heads")
-        self.num_kv_heads = tp.kv_heads(config.num_key_value_heads)
-        self.head_dim = head_dim_of(config)
-        hidden, bias = config.hidden_size, config.attention_bias
-        if bias and tp.size > 1:
-            raise ValueError("attention_bias=True is not supported with tensor parallelism")
-        self.tp = tp
-        kv_rule = kv_column(config.num_key_value_heads, self.head_dim)
-        self.tp_shard_rules = {
-            "q_proj.weight": COLUMN,
-            "k_proj.weight": kv_rule,
-            "v_proj.weight": kv_rule,
-            "o_proj.weight": ROW,
-        }
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        super().__init__(config, config.num_key_value_heads, head_dim_of(config), tp)
         self.qk_norm = qk_norm
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)

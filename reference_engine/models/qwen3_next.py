@@ -21,6 +21,7 @@ from transformers import Qwen3NextConfig
 
 from kernels.backends.mamba_state import gated_linear_attention
 from reference_engine.models.common import (
+    AttentionProjections,
     ForwardContext,
     GatedMLP,
     HiddenConditionedDraft,
@@ -36,7 +37,6 @@ from reference_engine.models.parallel import (
     SINGLE,
     ShardRule,
     TensorParallel,
-    kv_column,
     segments,
 )
 
@@ -45,27 +45,10 @@ def _norm(config: Qwen3NextConfig, dim: int) -> RMSNorm:
     return RMSNorm(dim, config.rms_norm_eps, zero_centered=True)
 
 
-class GatedAttention(nn.Module):
+class GatedAttention(AttentionProjections):
     def __init__(self, config: Qwen3NextConfig, layer_name: str, tp: TensorParallel) -> None:
-        super().__init__()
-        self.num_heads = tp.split(config.num_attention_heads, "query heads")
-        self.num_kv_heads = tp.kv_heads(config.num_key_value_heads)
-        self.head_dim = config.head_dim
-        hidden, bias = config.hidden_size, config.attention_bias
-        if bias and tp.size > 1:
-            raise ValueError("attention_bias=True is not supported with tensor parallelism")
-        self.tp = tp
-        kv_rule = kv_column(config.num_key_value_heads, self.head_dim)
-        self.tp_shard_rules = {
-            "q_proj.weight": COLUMN,  # per head: [query, gate] rows, so heads split contiguously
-            "k_proj.weight": kv_rule,
-            "v_proj.weight": kv_rule,
-            "o_proj.weight": ROW,
-        }
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim * 2, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        # q_proj holds [query, gate] rows per head, so heads still split contiguously.
+        super().__init__(config, config.num_key_value_heads, config.head_dim, tp, q_per_head=2)
         self.q_norm = _norm(config, self.head_dim)
         self.k_norm = _norm(config, self.head_dim)
         params = config.rope_parameters
