@@ -1,9 +1,13 @@
 """Host time of one step's metadata building for every attention group of a pair.
 
-Per step the engine builds ``CommonAttentionMetadata`` once per KV-cache group
-and hands it to each attention group's builder (``builder.build``). This
-measures that whole host-side cost for a verify step (q_len k+1 per request)
-at a given batch size, as the median over timed steps after warm-up.
+Per forward pass the engine builds every KV-cache group's
+``CommonAttentionMetadata`` in one ``StepMetadataBuilder`` build and hands each
+group's object to its attention groups' builders (``builder.build``). This
+times exactly that path, ``reference_engine.forward_metadata.ForwardMetadataBuilder.build``,
+for a verify step (q_len k+1 per request) at a given batch size, as the median
+over timed steps after warm-up. The block tables (int32 host arrays, one per
+KV-cache group) are the step's input, made once, as the runner makes them
+from the scheduler's block ids before it builds.
 
     python -m benchmarks.bench_metadata --pair gemma4-e2b-mtp --batch 64 --json out/bench/metadata.json
 """
@@ -20,41 +24,49 @@ from pathlib import Path
 
 import torch
 
-from kernels.metadata import CommonAttentionMetadata, cdiv
+from kernels.metadata import cdiv
+from reference_engine.forward_metadata import ForwardMetadataBuilder
 from reference_engine.grouping_plan import plan_grouping
+from reference_engine.kv_cache_spec import MambaSpec
 from reference_engine.model_pairs import get_model_pair
 
 
 def build_step_timer(
     pair_name: str, batch: int, context_len: int, query_len: int, device: torch.device
 ):
-    """A function that builds one step's metadata for every group, and the group count."""
+    """A function that builds one step's metadata for every group, and the builder count."""
     layers = get_model_pair(pair_name).layers()
     plan = plan_grouping(layers, "split", block_size=16, dtype=torch.bfloat16)
     plan.raise_on_error()
     by_name = {layer.name: layer for layer in layers}
-    groups = []
-    for kv_group, row in zip(plan.kv_cache_groups, plan.attention_groups, strict=True):
-        block_size = kv_group.kv_cache_spec.block_size
-        blocks = cdiv(context_len, block_size)
-        table = torch.randperm(batch * blocks).reshape(batch, blocks).to(torch.int32) + 1
-        for entry in row:
-            entry.group.create_metadata_builders(
+    attention_groups = [[entry.group for entry in row] for row in plan.attention_groups]
+    for row in attention_groups:
+        for group in row:
+            group.create_metadata_builders(
                 by_name, device, max_num_seqs=batch, max_query_len=query_len
             )
-        groups.append((block_size, table, [entry.group.get_metadata_builder() for entry in row]))
-    seq_lens = [context_len] * batch
-    query_lens = [query_len] * batch
+    block_sizes = [group.kv_cache_spec.block_size for group in plan.kv_cache_groups]
+    metadata = ForwardMetadataBuilder(
+        plan.kv_cache_groups,
+        attention_groups,
+        [isinstance(group.kv_cache_spec, MambaSpec) for group in plan.kv_cache_groups],
+        device,
+        max_num_seqs=batch,
+        max_num_tokens=batch * query_len,
+        max_blocks_per_seq=[cdiv(context_len, size) for size in block_sizes],
+    )
+    block_tables = {}
+    for group_id, block_size in enumerate(block_sizes):
+        blocks = cdiv(context_len, block_size)
+        table = torch.randperm(batch * blocks).reshape(batch, blocks).to(torch.int32) + 1
+        block_tables[group_id] = table.numpy()
+    seq_lens = (context_len,) * batch
+    query_lens = (query_len,) * batch
 
     def step() -> None:
-        for block_size, table, builders in groups:
-            common = CommonAttentionMetadata.from_seq_lens(
-                seq_lens, query_lens, table, block_size, device
-            )
-            for builder in builders:
-                builder.build(common)
+        metadata.build(seq_lens, query_lens, block_tables)
 
-    return step, sum(len(builders) for _, _, builders in groups)
+    return step, sum(len(row) for row in attention_groups)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

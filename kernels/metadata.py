@@ -2,7 +2,10 @@
 
 The engine builds it once per KV-cache group per step; every attention group of
 that KV-cache group hands the same object to its own builder (vLLM's design,
-research notes section 2). Layout follows ``kernels.kv_cache_write``:
+research notes section 2). ``from_seq_lens`` is the checked constructor (tests,
+start-up); the engine's per-step hot path is ``kernels.step_metadata``, which
+builds every group's metadata of a step at once from persistent buffers and
+is tested to equal ``from_seq_lens``. Layout follows ``kernels.kv_cache_write``:
 
 - the query tokens of all requests are concatenated; request ``r`` owns rows
   ``query_start_loc[r] : query_start_loc[r + 1]`` and they are the *last*
@@ -257,6 +260,11 @@ def _check_lengths(
             f"request {bad}: seq_len {int(seq_lens[bad])} < query_len {int(query_lens[bad])}"
         )
     longest = int(seq_lens.max()) if len(seq_lens) else 0
+    check_block_table_width(block_table_width, longest, block_size)
+
+
+def check_block_table_width(block_table_width: int, longest: int, block_size: int) -> None:
+    """A block table this wide holds a sequence of ``longest`` tokens (else ``InvalidMetadataError``)."""
     if block_table_width < cdiv(longest, block_size):
         raise InvalidMetadataError(
             f"block_table has {block_table_width} columns; a sequence of {longest} tokens "

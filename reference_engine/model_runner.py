@@ -71,10 +71,10 @@ import torch
 import triton
 from torch import nn
 
-from kernels.backend import AttentionMetadataBuilder
-from kernels.metadata import CommonAttentionMetadata
 from kernels.registry import get_backend
 from reference_engine.attention_groups import AttentionGroup, GroupingPolicy
+from reference_engine.forward_metadata import BlockTableError as BlockTableError  # re-exported
+from reference_engine.forward_metadata import ForwardMetadataBuilder
 from reference_engine.grouping_plan import plan_grouping
 from reference_engine.kv_cache_spec import (
     AttentionSpec,
@@ -147,10 +147,6 @@ class RunnerTimings:
     draft_forward: float = 0.0
 
 
-class BlockTableError(ValueError):
-    """A request's blocks do not cover the positions a step reads or writes."""
-
-
 def _kv_group_window(spec) -> int | None:
     if isinstance(spec, UniformTypeKVCacheSpecs):
         spec = spec.kv_cache_specs[0][1]
@@ -203,10 +199,12 @@ class _StepRows:
 
     request_ids: tuple[str, ...]
     token_ids: torch.Tensor  # int64 [num_tokens]
-    rope_positions: torch.Tensor  # int64 [num_tokens]
     seq_lens: tuple[int, ...]  # per request: context + this pass's tokens (the backend's view)
     query_lens: tuple[int, ...]
     block_ids: tuple[tuple[tuple[int, ...], ...], ...]  # per request, per KV-cache group
+    # int64 [num_tokens]; None: the backend's positions (seq_len - query_len + i), which
+    # the metadata computes anyway. Only the Gemma 4 assistant's constant position differs.
+    rope_positions: torch.Tensor | None = None
 
     @property
     def last_rows(self) -> torch.Tensor:
@@ -221,8 +219,10 @@ class ModelRunner:
     attention group -> KV caches per layer with its own spec (KV-sharing layers
     read their target's tensors; state layers get ``[num_blocks, *state]``).
     Each forward pass builds ``CommonAttentionMetadata`` once per KV-cache group
-    it touches and hands that one object to every builder of the group
-    (``num_common_metadata_builds`` counts them).
+    it touches, all of them in one ``StepMetadataBuilder`` build from persistent
+    buffers (``reference_engine.forward_metadata``), and hands each object to
+    every builder of its group (``num_common_metadata_builds`` counts them). A
+    pass's metadata is valid until the next pass builds.
     """
 
     def __init__(
@@ -276,6 +276,14 @@ class ModelRunner:
         self._create_builders(max_num_seqs, max_num_batched_tokens, num_spec_tokens)
         self.kv_cache_group_infos = tuple(
             self._group_info(i) for i in range(len(self.kv_cache_groups))
+        )
+        self._metadata = ForwardMetadataBuilder(
+            self.kv_cache_groups,
+            self.attention_groups,
+            [info.is_state for info in self.kv_cache_group_infos],
+            self.device,
+            max_num_seqs=max_num_seqs,
+            max_num_tokens=max_num_batched_tokens,
         )
 
         with tempfile.TemporaryDirectory() as scratch:
@@ -395,58 +403,25 @@ class ModelRunner:
 
     # --- per-pass metadata --------------------------------------------------------------------
 
-    def _block_table(self, rows: _StepRows, group_id: int) -> torch.Tensor:
-        block_size = self.kv_cache_groups[group_id].kv_cache_spec.block_size
-        tables = []
-        for request_id, seq_len, blocks in zip(
-            rows.request_ids, rows.seq_lens, rows.block_ids, strict=True
-        ):
-            if len(blocks) != len(self.kv_cache_groups):
-                raise BlockTableError(
-                    f"request {request_id}: block_ids has {len(blocks)} entries, one per KV-cache group "
-                    f"({len(self.kv_cache_groups)}) expected"
-                )
-            needed = (
-                1 if self.kv_cache_group_infos[group_id].is_state else -(-seq_len // block_size)
-            )
-            if len(blocks[group_id]) < needed:
-                raise BlockTableError(
-                    f"request {request_id}: KV-cache group {group_id} (block size {block_size}) has "
-                    f"{len(blocks[group_id])} blocks but positions up to {seq_len - 1} need {needed}"
-                )
-            tables.append(blocks[group_id])
-        width = max(1, max(len(table) for table in tables))
-        padded = torch.zeros(len(tables), width, dtype=torch.int32)
-        for row, table in enumerate(tables):
-            padded[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
-        return padded
-
     def _forward_context(self, rows: _StepRows, group_ids: Sequence[int]) -> ForwardContext:
-        """Common metadata once per KV-cache group, then each attention group's
-        builder builds its backend metadata from that one object."""
+        """Every KV-cache group's common metadata from one step build (valid until the
+        next pass builds), then each attention group's builder builds from its group's."""
         started = time.perf_counter()
-        metadata: dict[str, Any] = {}
-        slot_mappings: dict[str, torch.Tensor] = {}
-        for group_id in group_ids:
-            common = CommonAttentionMetadata.from_seq_lens(
-                rows.seq_lens,
-                rows.query_lens,
-                self._block_table(rows, group_id),
-                self.kv_cache_groups[group_id].kv_cache_spec.block_size,
-                self.device,
-            )
-            self.num_common_metadata_builds += 1
-            for group in self.attention_groups[group_id]:
-                built = _builder(group).build(common)
-                for name in group.layer_names:
-                    metadata[name] = built
-                    slot_mappings[name] = common.slot_mapping
+        metadata = self._metadata.build(
+            rows.seq_lens,
+            rows.query_lens,
+            self._metadata.block_tables(rows.request_ids, rows.seq_lens, rows.block_ids, group_ids),
+        )
+        self.num_common_metadata_builds += metadata.num_common_builds
+        positions = metadata.positions
+        if rows.rope_positions is not None:
+            positions = rows.rope_positions.to(self.device)
         self.timings.metadata += time.perf_counter() - started
         return ForwardContext(
-            positions=rows.rope_positions.to(self.device),
-            attn_metadata=metadata,
+            positions=positions,
+            attn_metadata=metadata.attn_metadata,
             kv_caches=self.kv_caches,
-            slot_mappings=slot_mappings,
+            slot_mappings=metadata.slot_mappings,
             state_caches=self.state_caches,
         )
 
@@ -477,12 +452,6 @@ class ModelRunner:
         rows = _StepRows(
             request_ids=tuple(c.request_id for c in chunks),
             token_ids=torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.long),
-            rope_positions=torch.cat(
-                [
-                    torch.arange(c.start_position, c.start_position + len(c.token_ids))
-                    for c in chunks
-                ]
-            ),
             seq_lens=tuple(c.start_position + len(c.token_ids) for c in chunks),
             query_lens=tuple(len(c.token_ids) for c in chunks),
             block_ids=tuple(c.block_ids for c in chunks),
@@ -574,7 +543,6 @@ class ModelRunner:
         return _StepRows(
             request_ids=tuple(r.request_id for r in requests),
             token_ids=token_ids,
-            rope_positions=torch.tensor(positions, dtype=torch.long),
             seq_lens=tuple(p + 1 for p in positions),
             query_lens=(1,) * len(requests),
             block_ids=tuple(r.block_ids for r in requests),
@@ -592,9 +560,6 @@ class ModelRunner:
             request_ids=tuple(r.request_id for r in requests),
             token_ids=torch.tensor(
                 [t for r, s in zip(requests, starts, strict=True) for t in r.token_ids[s:]]
-            ),
-            rope_positions=torch.cat(
-                [torch.arange(s, n) for s, n in zip(starts, lengths, strict=True)]
             ),
             seq_lens=tuple(lengths),
             query_lens=tuple(n - s for s, n in zip(starts, lengths, strict=True)),
@@ -632,9 +597,6 @@ class ModelRunner:
             request_ids=tuple(r.request_id for r in requests),
             token_ids=torch.tensor(
                 [t for r, s in zip(requests, starts, strict=True) for t in r.token_ids[s + 1 :]]
-            ),
-            rope_positions=torch.cat(
-                [torch.arange(s, n - 1) for s, n in zip(starts, lengths, strict=True)]
             ),
             seq_lens=tuple(n - 1 for n in lengths),
             query_lens=tuple(n - 1 - s for s, n in zip(starts, lengths, strict=True)),
@@ -699,10 +661,6 @@ class ModelRunner:
             probs.append(prob)
             token_ids = token.to(self.device)
         return tokens, probs
-
-
-def _builder(group: AttentionGroup) -> AttentionMetadataBuilder:
-    return group.get_metadata_builder(0)
 
 
 def _check_chunk(chunk: ScheduledChunk) -> None:

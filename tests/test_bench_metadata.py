@@ -1,0 +1,36 @@
+"""The metadata benchmark's CLI on the CPU: a tiny run through the engine's own path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_metadata
+from kernels.metadata import CommonAttentionMetadata
+
+
+def test_tiny_run_writes_one_metric(tmp_path: Path, monkeypatch, capsys) -> None:
+    """It times the engine's fast path: the validated constructor is never called."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the benchmark must time the engine's path, not from_seq_lens")
+
+    monkeypatch.setattr(CommonAttentionMetadata, "from_seq_lens", refuse)
+    out = tmp_path / "bench" / "metadata.json"
+    argv = ["--device", "cpu", "--batch", "3", "--context-len", "100", "--runs", "3"]
+    assert bench_metadata.main([*argv, "--json", str(out)]) == 0
+    (metric,) = json.loads(out.read_text())
+    assert set(metric) == {"name", "value", "unit", "samples", "higher_is_better"}
+    assert metric["name"] == "metadata.gemma4-e2b-mtp.b3.host_us"
+    assert (metric["unit"], metric["higher_is_better"], len(metric["samples"])) == ("us", False, 3)
+    assert "7 builders" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv", [["--runs", "1"], ["--batch", "0"]], ids=["too-few-runs", "empty-batch"]
+)
+def test_bad_arguments_exit_2(argv, capsys) -> None:
+    assert bench_metadata.main(["--device", "cpu", *argv]) == 2
+    assert "--runs must be >= 2" in capsys.readouterr().err
