@@ -1,0 +1,97 @@
+"""The README's performance table and the issue's target checks, from a ``bench_attention`` JSON.
+
+Everything is derived from one run's metrics, so the ratios compare timings
+taken side by side: verify / decode and draft / target (decode) per shape and
+context, Triton / FlashInfer per case.
+
+    python -m benchmarks.table benchmarks/results/h200-2026-12-02-full-matrix.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One (mode, shape, context) case of a run: Triton's numbers and FlashInfer's latency."""
+
+    mode: str
+    shape: str
+    context: str
+    triton_us: float
+    triton_tb_per_s: float
+    fraction_of_copy: float
+    flashinfer_us: float | None
+
+
+def load_cases(metrics: Sequence[dict]) -> list[CaseResult]:
+    """Cases in run order; raises ValueError naming a metric the table needs but lacks."""
+    values = {metric["name"]: metric["value"] for metric in metrics}
+    keys = dict.fromkeys(
+        name.rsplit(".", 2)[0] for name in values if name.endswith(".triton.latency")
+    )
+    results = []
+    for key in keys:
+        mode, shape, context = key.split(".")
+        try:
+            results.append(
+                CaseResult(
+                    mode,
+                    shape,
+                    context,
+                    values[f"{key}.triton.latency"],
+                    values[f"{key}.triton.kv_read_bandwidth"],
+                    values[f"{key}.triton.fraction_of_copy_bandwidth"],
+                    values.get(f"{key}.flashinfer.latency"),
+                )
+            )
+        except KeyError as missing:
+            raise ValueError(f"{key}: the run lacks metric {missing}") from None
+    return results
+
+
+def markdown_table(results: Sequence[CaseResult]) -> str:
+    by_key = {(r.mode, r.shape, r.context): r for r in results}
+    lines = [
+        "| case | Triton us | TB/s | % of copy | FlashInfer us | Triton / FlashInfer | vs decode |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        flashinfer = "—" if r.flashinfer_us is None else f"{r.flashinfer_us:.1f}"
+        ratio = "—" if r.flashinfer_us is None else f"{r.triton_us / r.flashinfer_us:.2f}"
+        decode = by_key.get(("decode", r.shape, r.context))
+        versus = (
+            "" if r.mode == "decode" or decode is None else f"{r.triton_us / decode.triton_us:.2f}"
+        )
+        lines.append(
+            f"| {r.mode} {r.shape} {r.context} | {r.triton_us:.1f} | {r.triton_tb_per_s:.2f} | "
+            f"{100 * r.fraction_of_copy:.1f} % | {flashinfer} | {ratio} | {versus} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.table", description=__doc__)
+    parser.add_argument("run", type=Path, help="a JSON file written by bench_attention --json")
+    args = parser.parse_args(argv)
+    try:
+        metrics = json.loads(args.run.read_text())
+        results = load_cases(metrics)
+    except (OSError, json.JSONDecodeError, ValueError, KeyError, TypeError) as error:
+        print(f"error: {args.run}: {error}", file=sys.stderr)
+        return 2
+    if not results:
+        print(f"error: {args.run}: no Triton latency metrics", file=sys.stderr)
+        return 2
+    print(markdown_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The performance table derives every ratio from one run's metrics and refuses broken runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.table import main
+
+
+def _case_metrics(key: str, triton_us: float, flashinfer_us: float | None) -> list[dict]:
+    metrics = [
+        {"name": f"{key}.triton.latency", "value": triton_us},
+        {"name": f"{key}.triton.kv_read_bandwidth", "value": 3.5},
+        {"name": f"{key}.triton.fraction_of_copy_bandwidth", "value": 0.82},
+    ]
+    if flashinfer_us is not None:
+        metrics.append({"name": f"{key}.flashinfer.latency", "value": flashinfer_us})
+    return metrics
+
+
+@pytest.fixture
+def run_file(tmp_path: Path) -> Path:
+    metrics = [
+        *_case_metrics("decode.gemma4-e2b-sliding-d256.b64x8k", 160.0, 128.0),
+        *_case_metrics("verify.gemma4-e2b-sliding-d256.b64x8k", 200.0, None),
+    ]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(metrics))
+    return path
+
+
+def test_table_rows_and_side_by_side_ratios(run_file: Path, capsys) -> None:
+    assert main([str(run_file)]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert rows == [
+        "| decode gemma4-e2b-sliding-d256 b64x8k | 160.0 | 3.50 | 82.0 % | 128.0 | 1.25 |  |",
+        "| verify gemma4-e2b-sliding-d256 b64x8k | 200.0 | 3.50 | 82.0 % | — | — | 1.25 |",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "Expecting property name"),
+        (json.dumps([{"name": "decode.s.c.triton.latency", "value": 1.0}]), "lacks metric"),
+        (json.dumps([]), "no Triton latency metrics"),
+    ],
+    ids=["corrupt-json", "missing-metric", "empty-run"],
+)
+def test_broken_run_exits_2_naming_the_problem(tmp_path: Path, text, message, capsys) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(text)
+    assert main([str(path)]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
