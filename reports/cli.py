@@ -92,7 +92,7 @@ def _add_common(parser: argparse.ArgumentParser, baseline_required: bool) -> Non
         type=_fraction,
         default=DEFAULT_THRESHOLD,
         metavar="FRACTION",
-        help=f"threshold for other metrics without their own (default {DEFAULT_THRESHOLD:.0%})",
+        help=f"threshold for other metrics without their own (default {DEFAULT_THRESHOLD:.0%}%)",
     )
 
 
