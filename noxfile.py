@@ -138,7 +138,7 @@ def ci(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", default=False)
 def bench(session: nox.Session) -> None:
-    """Kernel benchmarks on the GPU (JSON under out/bench)."""
+    """Kernel benchmarks on the GPU: metric list and run record under out/bench."""
     OUT.joinpath("bench").mkdir(parents=True, exist_ok=True)
     session.run(
         "python",
@@ -146,6 +146,8 @@ def bench(session: nox.Session) -> None:
         "benchmarks.bench_attention",
         "--json",
         str(OUT / "bench" / "attention.json"),
+        "--record",
+        str(OUT / "bench" / "record.json"),
         *session.posargs,
     )
 

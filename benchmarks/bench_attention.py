@@ -14,7 +14,8 @@ the whole context, as full attention) and Llama 3 (32 q / 8 kv / head 128), at
 median latency over the timed runs (L2 flushed before each), the KV bytes read
 per second and their fraction of the device-to-device copy bandwidth measured in
 the same run, p10/p90, and the Triton / FlashInfer latency ratio; ``--json``
-writes the metrics as a list of ``{name, value, unit, samples, higher_is_better}``.
+writes the metrics as a list of ``{name, value, unit, samples, higher_is_better}``,
+``--record`` as a run record for ``python -m reports compare`` (``benchmarks.run_record``).
 
 ``--dry-run`` runs every case once and checks it against the oracle without
 timing; with ``--tiny`` (required on the CPU, where Triton runs under its
@@ -35,6 +36,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -49,6 +51,9 @@ from kernels.metadata import CommonAttentionMetadata, cdiv
 from kernels.registry import get_backend
 from kernels.triton_unified_attention import select_path
 from reference_engine.kv_cache_spec import FullAttentionSpec
+
+if TYPE_CHECKING:
+    from benchmarks.run_record import RecordWriter
 
 BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
@@ -312,7 +317,9 @@ def available(backend_names: Sequence[str], device: torch.device) -> list[str]:
     return [name for name in backend_names if get_backend(name).is_available(device)]
 
 
-def run_cases(args: argparse.Namespace, device: torch.device) -> tuple[list[Metric], int]:
+def run_cases(
+    args: argparse.Namespace, device: torch.device, record: RecordWriter | None = None
+) -> tuple[list[Metric], int]:
     """Time (or, for --dry-run, run once) every case; returns the metrics and the exit status."""
     metrics: list[Metric] = []
     status = 0
@@ -356,8 +363,8 @@ def run_cases(args: argparse.Namespace, device: torch.device) -> tuple[list[Metr
         ratio = ratio_metric(case, timings)
         if ratio is not None:
             metrics.append(ratio)
-        if args.json is not None:  # after every case: a run cut short keeps what it measured
-            write_json(args.json, metrics)
+        # after every case: a run cut short keeps what it measured
+        write_outputs(args, metrics, record)
     return metrics, status
 
 
@@ -380,6 +387,25 @@ def write_json(path: Path, metrics: list[Metric]) -> None:
     os.replace(temporary, path)
 
 
+def write_outputs(
+    args: argparse.Namespace, metrics: list[Metric], record: RecordWriter | None
+) -> None:
+    if args.json is not None:
+        write_json(args.json, metrics)
+    if record is not None:
+        record.write([metric.as_json() for metric in metrics])
+
+
+def record_writer(path: Path | None, device: torch.device) -> RecordWriter | None:
+    if path is None:
+        return None
+    # Imported here: run_record imports this module's bound and backends.
+    from benchmarks.run_record import RecordWriter
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return RecordWriter(path, "benchmarks/bench_attention.py", name)
+
+
 def comma_list(text: str) -> list[str]:
     return [item for item in text.split(",") if item]
 
@@ -389,6 +415,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m benchmarks.bench_attention", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--json", type=Path, help="write the metrics to this JSON file")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        help="write a run record (python -m reports compare --run PATH) to this file",
+    )
     parser.add_argument("--quick", action="store_true", help="a small smoke subset")
     parser.add_argument("--dry-run", action="store_true", help="validate cases, time nothing")
     parser.add_argument(
@@ -455,10 +486,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not available(args.backends, device):
         print(f"none of the backends {args.backends} can run on {device}", file=sys.stderr)
         return 2
-    metrics, status = run_cases(args, device)
+    record = record_writer(args.record, device)
+    metrics, status = run_cases(args, device, record)
+    write_outputs(args, metrics, record)
     if args.json is not None:
-        write_json(args.json, metrics)
         print(f"wrote {len(metrics)} metrics to {args.json}")
+    if args.record is not None:
+        print(f"wrote the run record {args.record}")
     if status:
         print("some backends disagreed with the oracle (see above)", file=sys.stderr)
     return status

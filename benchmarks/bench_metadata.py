@@ -10,6 +10,9 @@ KV-cache group) are the step's input, made once, as the runner makes them
 from the scheduler's block ids before it builds.
 
     python -m benchmarks.bench_metadata --pair gemma4-e2b-mtp --batch 64 --json out/bench/metadata.json
+
+``--record PATH`` writes the run record that ``python -m reports compare`` reads
+(``benchmarks.run_record``).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.run_record import RecordWriter
 from kernels.metadata import cdiv
 from reference_engine.forward_metadata import ForwardMetadataBuilder
 from reference_engine.grouping_plan import plan_grouping
 from reference_engine.kv_cache_spec import MambaSpec
 from reference_engine.model_pairs import get_model_pair
+from reports.atomic import write_text_atomic
 
 
 def build_step_timer(
@@ -77,12 +82,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--query-len", type=int, default=4, help="k+1 (verify)")
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="write the metric list to this JSON file")
+    parser.add_argument("--record", type=Path, help="write a run record to this JSON file")
     args = parser.parse_args(argv)
     if args.runs < 2 or args.batch < 1:
         print("error: --runs must be >= 2 and --batch >= 1", file=sys.stderr)
         return 2
     device = torch.device(args.device)
+    record = None
+    if args.record is not None:
+        device_label = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        record = RecordWriter(args.record, "benchmarks/bench_metadata.py", device_label)
     step, num_builders = build_step_timer(
         args.pair, args.batch, args.context_len, args.query_len, device
     )
@@ -99,16 +109,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"metadata.{args.pair}.b{args.batch}: {num_builders} builders, median {median:.1f} us host time "
         f"per step (p10 {deciles[0]:.1f}, p90 {deciles[-1]:.1f}) on {device}"
     )
+    metric = {
+        "name": f"metadata.{args.pair}.b{args.batch}.host_us",
+        "value": median,
+        "unit": "us",
+        "samples": samples,
+        "higher_is_better": False,
+    }
     if args.json:
-        metric = {
-            "name": f"metadata.{args.pair}.b{args.batch}.host_us",
-            "value": median,
-            "unit": "us",
-            "samples": samples,
-            "higher_is_better": False,
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([metric], indent=1))
+        write_text_atomic(args.json, json.dumps([metric], indent=1))
+    if record is not None:
+        record.write([metric])
     return 0
 
 

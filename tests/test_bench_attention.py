@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,16 +14,27 @@ import torch
 
 from benchmarks.bench_attention import MAX_RELATIVE_ERROR, SHAPES, Case, cases, parse_args
 from benchmarks.timing import Timing
+from reports.record import load_record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_tiny_dry_run_writes_checked_metrics(tmp_path: Path) -> None:
-    """Every quick case runs once through Triton (interpreter) and matches the oracle."""
-    out = tmp_path / "bench" / "attention.json"
-    command = [sys.executable, "-m", "benchmarks.bench_attention", "--dry-run", "--tiny"]
+@dataclass(frozen=True)
+class DryRun:
+    completed: subprocess.CompletedProcess
+    metrics: Path
+    record: Path
+
+
+@pytest.fixture(scope="module")
+def tiny_dry_run(tmp_path_factory) -> DryRun:
+    """Every quick case run once through Triton (interpreter), both outputs written."""
+    out = tmp_path_factory.mktemp("bench")
+    metrics, record = out / "attention.json", out / "record.json"
+    command = [sys.executable, "-m", "benchmarks.bench_attention", "--dry-run", "--tiny", "--quick"]
+    outputs = ["--json", str(metrics), "--record", str(record)]
     completed = subprocess.run(
-        [*command, "--quick", "--backends", "triton", "--json", str(out)],
+        [*command, "--backends", "triton", *outputs],
         cwd=REPO_ROOT,
         env={**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""},
         capture_output=True,
@@ -30,14 +42,32 @@ def test_tiny_dry_run_writes_checked_metrics(tmp_path: Path) -> None:
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr
-    metrics = json.loads(out.read_text())
-    quick_cases = cases(quick=True, tiny=True, shape_names=list(SHAPES))
-    expected_names = {f"{case.name}.triton.relative_error" for case in quick_cases}
+    return DryRun(completed, metrics, record)
+
+
+QUICK_CASES = cases(quick=True, tiny=True, shape_names=list(SHAPES))
+
+
+def test_tiny_dry_run_writes_checked_metrics(tiny_dry_run: DryRun) -> None:
+    """Every quick case matches the oracle."""
+    metrics = json.loads(tiny_dry_run.metrics.read_text())
+    expected_names = {f"{case.name}.triton.relative_error" for case in QUICK_CASES}
     assert {metric["name"] for metric in metrics} == expected_names
     for metric in metrics:
         assert set(metric) == {"name", "value", "unit", "samples", "higher_is_better"}
         assert 0 < metric["value"] < MAX_RELATIVE_ERROR, metric
-    assert "draft.gemma4-e2b-sliding-d256.b3x80" in completed.stdout
+    assert "draft.gemma4-e2b-sliding-d256.b3x80" in tiny_dry_run.completed.stdout
+
+
+def test_tiny_dry_run_writes_a_passing_run_record(tiny_dry_run: DryRun) -> None:
+    """One passed pseudo-test per case; a dry run times nothing, so no metrics."""
+    record = load_record(tiny_dry_run.record)
+    expected = [f"benchmarks/bench_attention.py::{case.name}" for case in QUICK_CASES]
+    assert [test.nodeid for test in record.tests] == expected
+    assert {test.outcome for test in record.tests} == {"passed"}
+    assert (record.exit_status, record.metrics) == (0, ())
+    assert str(record.environment["device"]).startswith("CPU")
+    assert f"wrote the run record {tiny_dry_run.record}" in tiny_dry_run.completed.stdout
 
 
 @pytest.mark.parametrize(

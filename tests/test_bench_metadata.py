@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import bench_metadata
 from kernels.metadata import CommonAttentionMetadata
+from reports.record import load_record
 
 
 def test_tiny_run_writes_one_metric(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -26,6 +27,23 @@ def test_tiny_run_writes_one_metric(tmp_path: Path, monkeypatch, capsys) -> None
     assert metric["name"] == "metadata.gemma4-e2b-mtp.b3.host_us"
     assert (metric["unit"], metric["higher_is_better"], len(metric["samples"])) == ("us", False, 3)
     assert "7 builders" in capsys.readouterr().out
+
+
+def test_tiny_run_writes_a_run_record(tmp_path: Path) -> None:
+    out = tmp_path / "bench" / "record.json"
+    argv = ["--device", "cpu", "--batch", "3", "--context-len", "100", "--runs", "3"]
+    assert bench_metadata.main([*argv, "--record", str(out)]) == 0
+    record = load_record(out)
+    nodeid = "benchmarks/bench_metadata.py::metadata.gemma4-e2b-mtp.b3"
+    assert [(test.nodeid, test.outcome) for test in record.tests] == [(nodeid, "passed")]
+    (metric,) = record.metrics
+    assert (metric.nodeid, metric.name, metric.unit, len(metric.samples)) == (
+        nodeid,
+        "host_us",
+        "us",
+        3,
+    )
+    assert str(record.environment["device"]).startswith("CPU")
 
 
 @pytest.mark.parametrize(

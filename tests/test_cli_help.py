@@ -29,6 +29,7 @@ COMMANDS = [
     ("benchmarks.bench_metadata",),
     ("benchmarks.tune_attention",),
     ("benchmarks.table",),
+    ("benchmarks.run_record",),
 ]
 
 
