@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,16 +14,23 @@ from benchmarks.bench_attention import MAX_RELATIVE_ERROR
 from benchmarks.run_record import (
     EXIT_BAD_INPUT,
     EXIT_OK,
+    load_metric_list,
     main,
     parse_metric_list,
     run_environment,
     split_name,
     to_run_record,
 )
+from reports.cli import main as reports_main
 from reports.record import load_record
 
 CASE = "decode.gemma4-e2b-sliding-d256.b64x8k"
 TOOL = "benchmarks/bench_attention.py"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+MEASURED = RESULTS / "h200-2026-12-02-full-matrix.json"  # the H200 run's metric list
+BASELINE = RESULTS / "h200-2026-12-02-full-matrix.record.json"  # the same, converted
+MEASURING_COMMIT = "c9ee6d8707d8a299082655b0aada6453cf4ee6f7"  # committed the H200 run
 
 
 def metric(name: str, value: float, unit: str = "us", samples=(), higher_is_better=False) -> dict:
@@ -231,3 +240,87 @@ def test_bad_options_exit_2(option, message, metrics_file: Path, tmp_path: Path,
         main([str(metrics_file), "-o", str(tmp_path / "out.json"), *option])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_committed_baseline_is_the_committed_run_converted() -> None:
+    baseline = load_record(BASELINE)
+    converted = to_run_record(load_metric_list(MEASURED), environment={})
+    assert (baseline.tests, baseline.metrics) == (converted.tests, converted.metrics)
+    assert dict(baseline.environment) == {
+        "device": "NVIDIA H200",
+        "flashinfer": "0.6.13",
+        "git_sha": MEASURING_COMMIT,
+    }
+    assert baseline.created_at == "2026-12-02T17:51:36+00:00"
+    assert (len(baseline.tests), len(baseline.metrics)) == (29, 113)
+
+
+def compare(run: Path, capsys) -> tuple[int, str]:
+    status = reports_main(["compare", "--run", str(run), "--baseline", str(BASELINE)])
+    return status, capsys.readouterr().out
+
+
+@pytest.fixture
+def slower_run(tmp_path: Path) -> Path:
+    """The baseline with one case's Triton latency samples scaled by 1.2."""
+    data = json.loads(BASELINE.read_text())
+    latency = next(
+        metric
+        for metric in data["metrics"]
+        if (metric["nodeid"], metric["name"]) == (f"{TOOL}::{CASE}", "triton.latency")
+    )
+    latency["samples"] = [sample * 1.2 for sample in latency["samples"]]
+    latency["value"] *= 1.2
+    data["run_id"] = "slower"
+    path = tmp_path / "slower.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def failing_run(tmp_path: Path) -> Path:
+    """The H200 metric list with one backend's relative error over the bound, converted."""
+    metrics = json.loads(MEASURED.read_text())
+    error = next(m for m in metrics if m["name"] == f"{CASE}.flashinfer.relative_error")
+    error["value"] = 0.5
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps(metrics))
+    path = tmp_path / "failing.json"
+    assert main([str(measured), "-o", str(path), "--no-local-env"]) == EXIT_OK
+    return path
+
+
+def test_baseline_compared_with_itself_exits_0() -> None:
+    """The README's command, as a GPU run would be compared."""
+    command = [sys.executable, "-m", "reports", "compare", "--run", str(BASELINE)]
+    completed = subprocess.run(
+        [*command, "--baseline", str(BASELINE)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "Verdict: OK" in completed.stdout
+
+
+def test_one_latency_20_percent_slower_is_a_regression(slower_run: Path, capsys) -> None:
+    status, out = compare(slower_run, capsys)
+    assert status == 1
+    assert "Metric regressions (1):" in out
+    assert f"triton.latency [{TOOL}::{CASE}]: 166.4 us -> 199.7 us (+20.0 %" in out
+
+
+def test_error_over_the_bound_is_a_new_failure(failing_run: Path, capsys) -> None:
+    status, out = compare(failing_run, capsys)
+    assert status == 1
+    assert f"New failures (1):\n  {TOOL}::{CASE} (passed -> failed)" in out
+    assert "flashinfer relative error 5.00e-01 not below 2e-02" in out
+
+
+def test_html_report_shows_the_regression(slower_run: Path, tmp_path: Path, capsys) -> None:
+    html = tmp_path / "report.html"
+    argv = ["build", "--run", str(slower_run), "--baseline", str(BASELINE), "-o", str(html)]
+    assert reports_main(argv) == 0
+    assert "1 metric regressions" in capsys.readouterr().out
+    assert f"{TOOL}::{CASE}" in html.read_text()
