@@ -40,7 +40,8 @@ their fields are stable):
   replays the accepted prefix (one extra target pass, logits "none").
 - ``remove_requests(ids)``: forget finished / preempted requests.
 - ``kv_cache_group_infos``: per KV-cache group, what the block manager needs.
-- ``timings`` (seconds: metadata building, target forward, draft forward) and
+- ``timings`` (seconds: metadata building, target forward, draft forward; on
+  CUDA the forwards wait for their kernels, see ``RunnerTimings``) and
   ``num_common_metadata_builds`` (one per KV-cache group a pass touches).
 
 Block tables: ``ScheduledChunk.block_ids`` / ``ProposeRequest.block_ids`` are
@@ -140,7 +141,14 @@ class DraftOutput:
 
 @dataclass
 class RunnerTimings:
-    """Wall seconds summed over calls. ``metadata`` is part of the two others."""
+    """Wall seconds summed over calls. ``metadata`` is part of the two others.
+
+    On CUDA, ``execute_target`` and ``propose`` wait for the device before they
+    stop their clocks, so the forward times cover the kernels, not only their
+    launches. The wait costs nothing extra: the engine reads the logits and
+    drafts on the host right after, which would wait for the same kernels.
+    ``metadata`` is host time (the step's copy to the device is asynchronous).
+    """
 
     metadata: float = 0.0  # CommonAttentionMetadata + builder.build
     target_forward: float = 0.0
@@ -444,6 +452,7 @@ class ModelRunner:
             )
             for chunk, states in zip(chunks, hidden_per_chunk, strict=True)
         )
+        _wait_for_device(self.device)
         self.timings.target_forward += time.perf_counter() - started
         return TargetOutput(logits=logits, hidden_states=hidden_per_chunk)
 
@@ -531,6 +540,7 @@ class ModelRunner:
             DraftKind.CONSTANT_POSITION: self._propose_constant_position,
         }[self.draft_kind]
         tokens, probs = propose_fn(requests, num_spec_tokens, batch_ctx.generator)
+        _wait_for_device(self.device)
         self.timings.draft_forward += time.perf_counter() - started
         return DraftOutput(
             draft_token_ids=torch.stack(tokens, dim=1), draft_probs=torch.stack(probs, dim=1)
@@ -692,6 +702,12 @@ def _sample_drafts(
             probs[row] = torch.softmax(logits[row] / request.temperature, dim=-1)
             tokens[row] = int(torch.multinomial(probs[row], 1, generator=generator))
     return tokens, probs
+
+
+def _wait_for_device(device: torch.device) -> None:
+    """Block until ``device`` has run the work queued on it (CUDA); a no-op on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _check_kv_write_available(device: torch.device) -> None:

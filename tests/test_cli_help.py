@@ -27,6 +27,7 @@ COMMANDS = [
     ("reference_engine", "generate"),
     ("benchmarks.bench_attention",),
     ("benchmarks.bench_metadata",),
+    ("benchmarks.bench_spec_decode",),
     ("benchmarks.tune_attention",),
     ("benchmarks.table",),
     ("benchmarks.run_record",),

@@ -5,6 +5,8 @@ are rolled back), the weight-loading path, and its errors."""
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from kernels.backend import MIXED_HEADS_MESSAGE
+from reference_engine import model_runner
 from reference_engine.model_pairs import get_model_pair
 from reference_engine.model_runner import (
     BlockTableError,
@@ -187,6 +190,59 @@ def test_propose_before_the_target_ran_is_refused(runners) -> None:
     request = ProposeRequest("never-ran", (1, 2, 3), _blocks(runner, 0))
     with pytest.raises(RuntimeError, match="execute_target"):
         runner.propose(ProposeInput((request,)), 2)
+
+
+class _Clock:
+    """``time.perf_counter`` plus an offset the stand-in device wait advances."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.offset
+
+
+WAIT_SECONDS = 3600.0
+
+
+@pytest.mark.spec_decode
+def test_forward_timings_include_the_wait_for_the_device(runners, monkeypatch) -> None:
+    """On CUDA a forward's kernels run after its launches return: verify and draft
+    times must stop only after the runner waits for the device. A stand-in wait
+    that advances the runner's clock by an hour shows in both timings, once each."""
+    runner = runners("llama3-eagle")
+    clock, waits = _Clock(), []
+
+    def wait(device: torch.device) -> None:
+        waits.append(device)
+        clock.offset += WAIT_SECONDS
+
+    monkeypatch.setattr(model_runner, "time", clock)
+    monkeypatch.setattr(model_runner, "_wait_for_device", wait)
+    blocks = _blocks(runner, 28)
+    before = dataclasses.replace(runner.timings)
+    logits = _run(runner, "timed", blocks, [([4, 9, 16], 0, "last")])[0]
+    tokens = (4, 9, 16, int(logits[-1].argmax()))
+    runner.propose(ProposeInput((ProposeRequest("timed", tokens, blocks),)), 2)
+    runner.remove_requests(["timed"])
+    target = runner.timings.target_forward - before.target_forward
+    draft = runner.timings.draft_forward - before.draft_forward
+    assert WAIT_SECONDS <= target < 2 * WAIT_SECONDS
+    assert WAIT_SECONDS <= draft < 2 * WAIT_SECONDS
+    assert runner.timings.metadata - before.metadata < WAIT_SECONDS, "metadata is host time"
+    assert waits == [runner.device, runner.device]
+
+
+@pytest.mark.parametrize(
+    ("device", "synchronized"),
+    [("cpu", []), ("cuda:0", [torch.device("cuda:0")])],
+    ids=["cpu-no-op", "cuda-synchronizes"],
+)
+def test_wait_for_device_synchronizes_cuda_only(monkeypatch, device, synchronized) -> None:
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", calls.append)
+    model_runner._wait_for_device(torch.device(device))
+    assert calls == synchronized
 
 
 class _Tiny(nn.Module):
