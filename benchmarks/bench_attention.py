@@ -29,10 +29,8 @@ Exit status: 0 on success, 1 when a backend's output disagrees with the oracle,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +42,7 @@ if not torch.cuda.is_available():
     # Triton runs on the CPU only under its interpreter, chosen when kernels are defined.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from benchmarks.metrics import Metric, write_metrics
 from benchmarks.timing import COPY_BYTES, Timing, copy_bandwidth, l2_flush_buffer, time_cuda
 from kernels.attention_oracle import paged_attention_reference
 from kernels.backend import AttentionLayerParams
@@ -264,18 +263,6 @@ def check_against_oracle(run: BackendRun, case: Case, common, cache: KVCache, qu
     return float((actual - expected).norm() / expected.norm())
 
 
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    value: float
-    unit: str
-    samples: list[float]
-    higher_is_better: bool
-
-    def as_json(self) -> dict:
-        return vars(self)
-
-
 def backend_metrics(case: Case, run: BackendRun, timing: Timing, copy_bw: float) -> list[Metric]:
     prefix = f"{case.name}.{run.backend}"
     bandwidths = [case.kv_bytes / (sample * 1e-6) / 1e12 for sample in timing.samples_us]
@@ -378,20 +365,11 @@ def cases_with_caches(args: argparse.Namespace, device) -> Iterator[tuple[Case, 
         yield case, cache
 
 
-def write_json(path: Path, metrics: list[Metric]) -> None:
-    """Atomically: a temporary file in the same directory, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as file:
-        json.dump([metric.as_json() for metric in metrics], file, indent=1)
-        temporary = file.name
-    os.replace(temporary, path)
-
-
 def write_outputs(
     args: argparse.Namespace, metrics: list[Metric], record: RecordWriter | None
 ) -> None:
     if args.json is not None:
-        write_json(args.json, metrics)
+        write_metrics(args.json, metrics)
     if record is not None:
         record.write([metric.as_json() for metric in metrics])
 

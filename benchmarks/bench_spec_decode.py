@@ -41,12 +41,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +53,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.metrics import Metric, write_metrics
 from reference_engine.generate_cli import DTYPES
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 
@@ -80,15 +79,6 @@ class StepSample:
     metadata_ms: float
     sampling_ms: float
     tokens: int
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    value: float
-    unit: str
-    samples: list[float]
-    higher_is_better: bool
 
 
 def spread(samples: Sequence[float]) -> tuple[float, float, float]:
@@ -304,15 +294,6 @@ def print_summary(args: argparse.Namespace, metrics: Sequence[Metric]) -> None:
     print("  (metadata_ms is host time, part of draft_ms and verify_ms)")
 
 
-def write_json(path: Path, metrics: Sequence[Metric]) -> None:
-    """Atomically: a temporary file in the same directory, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as file:
-        json.dump([vars(metric) for metric in metrics], file, indent=1)
-        temporary = file.name
-    os.replace(temporary, path)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if torch.device(args.device).type == "cpu":
@@ -330,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = metrics_of(args, samples)
     print_summary(args, metrics)
     if args.json is not None:
-        write_json(args.json, metrics)
+        write_metrics(args.json, metrics)
         print(f"wrote {len(metrics)} metrics to {args.json}")
     return 0
 
