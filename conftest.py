@@ -1,0 +1,51 @@
+"""Repository-wide pytest option: ``--shard INDEX/COUNT`` runs one deterministic slice.
+
+A GPU suite that needs longer than one CI job (or one lent machine) may be split
+across jobs, as Buildkite's ``parallelism`` does: job ``INDEX`` of ``COUNT``
+(0-based, e.g. ``--shard $BUILDKITE_PARALLEL_JOB/$BUILDKITE_PARALLEL_JOB_COUNT``)
+keeps the tests whose node id hashes to it, so the shards are disjoint, cover
+every test, and do not depend on collection order or on which process collects.
+Tests outside the shard are reported as deselected (the run record says so).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shard",
+        default=None,
+        metavar="INDEX/COUNT",
+        help="run only shard INDEX (0-based) of COUNT, chosen by a hash of each test's node id",
+    )
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"1/4"`` -> ``(1, 4)``; raises ``pytest.UsageError`` naming the problem."""
+    index_text, separator, count_text = text.partition("/")
+    if not separator or not index_text.isdigit() or not count_text.isdigit():
+        raise pytest.UsageError(f"--shard {text!r}: expected INDEX/COUNT, for example 0/2")
+    index, count = int(index_text), int(count_text)
+    if count < 1 or index >= count:
+        raise pytest.UsageError(f"--shard {text!r}: INDEX must be in [0, COUNT) and COUNT >= 1")
+    return index, count
+
+
+def shard_of(nodeid: str, count: int) -> int:
+    return zlib.crc32(nodeid.encode()) % count
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    text = config.getoption("shard")
+    if text is None:
+        return
+    index, count = parse_shard(text)
+    kept = [item for item in items if shard_of(item.nodeid, count) == index]
+    deselected = [item for item in items if shard_of(item.nodeid, count) != index]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+    items[:] = kept
