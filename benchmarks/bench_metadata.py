@@ -30,38 +30,27 @@ import torch
 from benchmarks.run_record import RecordWriter
 from kernels.metadata import cdiv
 from reference_engine.forward_metadata import ForwardMetadataBuilder
-from reference_engine.grouping_plan import plan_grouping
-from reference_engine.kv_cache_spec import MambaSpec
-from reference_engine.model_pairs import get_model_pair
 from reports.atomic import write_text_atomic
+
+BLOCK_SIZE = 16
 
 
 def build_step_timer(
     pair_name: str, batch: int, context_len: int, query_len: int, device: torch.device
 ):
     """A function that builds one step's metadata for every group, and the builder count."""
-    layers = get_model_pair(pair_name).layers()
-    plan = plan_grouping(layers, "split", block_size=16, dtype=torch.bfloat16)
-    plan.raise_on_error()
-    by_name = {layer.name: layer for layer in layers}
-    attention_groups = [[entry.group for entry in row] for row in plan.attention_groups]
-    for row in attention_groups:
-        for group in row:
-            group.create_metadata_builders(
-                by_name, device, max_num_seqs=batch, max_query_len=query_len
-            )
-    block_sizes = [group.kv_cache_spec.block_size for group in plan.kv_cache_groups]
-    metadata = ForwardMetadataBuilder(
-        plan.kv_cache_groups,
-        attention_groups,
-        [isinstance(group.kv_cache_spec, MambaSpec) for group in plan.kv_cache_groups],
+    metadata = ForwardMetadataBuilder.for_pair(
+        pair_name,
         device,
+        dtype=torch.bfloat16,
+        block_size=BLOCK_SIZE,
         max_num_seqs=batch,
+        max_query_len=query_len,
         max_num_tokens=batch * query_len,
-        max_blocks_per_seq=[cdiv(context_len, size) for size in block_sizes],
+        max_blocks_per_seq=cdiv(context_len, BLOCK_SIZE),
     )
     block_tables = {}
-    for group_id, block_size in enumerate(block_sizes):
+    for group_id, block_size in enumerate(metadata.block_sizes):
         blocks = cdiv(context_len, block_size)
         table = torch.randperm(batch * blocks).reshape(batch, blocks).to(torch.int32) + 1
         block_tables[group_id] = table.numpy()
@@ -71,7 +60,7 @@ def build_step_timer(
     def step() -> None:
         metadata.build(seq_lens, query_lens, block_tables)
 
-    return step, sum(len(row) for row in attention_groups)
+    return step, sum(len(row) for row in metadata.attention_groups)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,7 +28,9 @@ import torch
 from kernels.metadata import cdiv, check_block_table_width
 from kernels.step_metadata import StepMetadataBuilder
 from reference_engine.attention_groups import AttentionGroup
-from reference_engine.kv_cache_spec import KVCacheGroupSpec
+from reference_engine.grouping_plan import plan_grouping
+from reference_engine.kv_cache_spec import KVCacheGroupSpec, MambaSpec
+from reference_engine.model_pairs import get_model_pair
 
 INITIAL_CONTEXT_CAPACITY = 32768
 """Tokens per request the block-table buffers are first sized for (they grow past it)."""
@@ -89,6 +91,41 @@ class ForwardMetadataBuilder:
             max_blocks_per_seq = [cdiv(INITIAL_CONTEXT_CAPACITY, size) for size in self.block_sizes]
         self.step = StepMetadataBuilder(
             self.block_sizes,
+            device,
+            max_num_seqs=max_num_seqs,
+            max_num_tokens=max_num_tokens,
+            max_blocks_per_seq=max_blocks_per_seq,
+        )
+
+    @classmethod
+    def for_pair(
+        cls,
+        pair_name: str,
+        device: torch.device | str,
+        *,
+        backend: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        block_size: int = 16,
+        max_num_seqs: int,
+        max_query_len: int,
+        max_num_tokens: int,
+        max_blocks_per_seq: int | Sequence[int] | None = None,
+    ) -> ForwardMetadataBuilder:
+        """The engine's metadata path for a pair's split grouping (TP 1), without its models:
+        what benchmarks and tests drive when they need the builders but not a forward."""
+        layers = get_model_pair(pair_name).layers(1, backend)
+        plan = plan_grouping(layers, "split", block_size, dtype)
+        plan.raise_on_error()
+        by_name = {layer.name: layer for layer in layers}
+        rows = [[entry.group for entry in row] for row in plan.attention_groups]
+        for group in chain.from_iterable(rows):
+            group.create_metadata_builders(
+                by_name, device, max_num_seqs=max_num_seqs, max_query_len=max_query_len
+            )
+        return cls(
+            plan.kv_cache_groups,
+            rows,
+            [isinstance(group.kv_cache_spec, MambaSpec) for group in plan.kv_cache_groups],
             device,
             max_num_seqs=max_num_seqs,
             max_num_tokens=max_num_tokens,

@@ -15,9 +15,6 @@ import torch
 
 from kernels.metadata import CommonAttentionMetadata, InvalidMetadataError
 from reference_engine.forward_metadata import BlockTableError, ForwardMetadataBuilder
-from reference_engine.grouping_plan import plan_grouping
-from reference_engine.kv_cache_spec import MambaSpec
-from reference_engine.model_pairs import get_model_pair
 
 pytestmark = pytest.mark.grouping
 
@@ -34,21 +31,8 @@ class PassInput:
 
 def forward_metadata(pair_name: str, device) -> ForwardMetadataBuilder:
     """The runner's path for a pair's grouping, with torch-backend builders."""
-    layers = get_model_pair(pair_name).layers(1, "torch")
-    plan = plan_grouping(layers, "split", block_size=16, dtype=torch.float32)
-    plan.raise_on_error()
-    by_name = {layer.name: layer for layer in layers}
-    rows = [[entry.group for entry in row] for row in plan.attention_groups]
-    for row in rows:
-        for group in row:
-            group.create_metadata_builders(by_name, device, max_num_seqs=4, max_query_len=4)
-    return ForwardMetadataBuilder(
-        plan.kv_cache_groups,
-        rows,
-        [isinstance(group.kv_cache_spec, MambaSpec) for group in plan.kv_cache_groups],
-        device,
-        max_num_seqs=4,
-        max_num_tokens=16,
+    return ForwardMetadataBuilder.for_pair(
+        pair_name, device, backend="torch", max_num_seqs=4, max_query_len=4, max_num_tokens=16
     )
 
 
