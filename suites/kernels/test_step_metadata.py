@@ -193,36 +193,38 @@ def test_steady_state_reuses_the_buffers(device) -> None:
     assert first.common[0].seq_lens_cpu.tolist() == list(shorter.seq_lens)
 
 
-SHAPE_CHANGES = {
-    "small-then-large": ("decode-one-group", "chunked-prefill-padded"),
-    "large-then-small": ("chunked-prefill-padded", "decode-one-group"),
+def _with_table_width(name: str) -> StepCase:
+    case = CASES[name]
+    return StepCase(case.seq_lens, case.query_lens, (4, 1), case.padding)
+
+
+# Two steps through one builder: other batch sizes, token counts and table widths,
+# and padding entries (position 0, slot -1) over a layout whose previous step had
+# real tokens there.
+STEP_PAIRS = {
+    "small-then-large": (
+        _with_table_width("decode-one-group"),
+        _with_table_width("chunked-prefill-padded"),
+    ),
+    "large-then-small": (
+        _with_table_width("chunked-prefill-padded"),
+        _with_table_width("decode-one-group"),
+    ),
+    "padding-reset-after-fuller-step": (
+        StepCase((9, 17), (4, 4), (4, 16)),
+        StepCase((9, 17), (1, 4), (4, 16), padding=3),
+    ),
 }
 
 
-@pytest.mark.parametrize("order", list(SHAPE_CHANGES), ids=list(SHAPE_CHANGES))
-def test_step_shape_changes_between_builds(order: str, device) -> None:
-    """One builder, steps of other batch sizes, token counts and table widths."""
-    first_case, second_case = (
-        StepCase(CASES[name].seq_lens, CASES[name].query_lens, (4, 1), CASES[name].padding)
-        for name in SHAPE_CHANGES[order]
-    )
+@pytest.mark.parametrize("pair", list(STEP_PAIRS), ids=list(STEP_PAIRS))
+def test_second_step_matches_the_reference(pair: str, device) -> None:
+    first_case, second_case = STEP_PAIRS[pair]
     builder = make_builder(first_case, device)
     build(builder, first_case, block_tables(first_case, seed=3))
     tables = block_tables(second_case, seed=4)
     step = build(builder, second_case, tables)
     assert plain_step(step.common) == plain_step(reference(second_case, tables, device))
-
-
-def test_padding_is_reset_after_a_fuller_step(device) -> None:
-    """Padding entries (position 0, slot -1) of a step that reuses a layout whose
-    previous step had real tokens there."""
-    full = StepCase((9, 17), (4, 4), (4, 16))
-    padded = StepCase((9, 17), (1, 4), (4, 16), padding=3)
-    builder = make_builder(full, device)
-    build(builder, full, block_tables(full, seed=7))
-    tables = block_tables(padded, seed=8)
-    step = build(builder, padded, tables)
-    assert plain_step(step.common) == plain_step(reference(padded, tables, device))
 
 
 def test_buffers_grow_past_their_sizing(device) -> None:
