@@ -15,6 +15,7 @@ import itertools
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from benchmarks.bench_attention import SHAPES, Case, KVCache, cases, step_metadata
 from benchmarks.timing import l2_flush_buffer, time_cuda
 from kernels.triton_unified_attention import (
+    DEFAULT_NUM_SEGMENTS,
     LaunchConfig,
     SplitKVScratch,
     choose_launch_config,
@@ -29,13 +31,20 @@ from kernels.triton_unified_attention import (
     unified_attention,
 )
 
-TILE_SIZES = (32, 64, 128)
-NUM_WARPS = (4, 8)
-NUM_STAGES = (2, 3, 4)
-NUM_SEGMENTS = (16, 32, 64)
+
+@dataclass(frozen=True)
+class SweepSpace:
+    """The launch parameters a sweep tries (segments only on the split-KV path; no
+    ``block_m`` means the heuristic's rows per program)."""
+
+    block_m: tuple[int, ...] = ()
+    tile_sizes: tuple[int, ...] = (32, 64, 128)
+    num_warps: tuple[int, ...] = (4, 8)
+    num_stages: tuple[int, ...] = (2, 3, 4)
+    num_segments: tuple[int, ...] = (16, 32, 64)
 
 
-def sweep(case: Case, device: torch.device, runs: int) -> list[dict]:
+def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> list[dict]:
     cache = KVCache.random(case, device)
     common = step_metadata(case, cache.block_table, device)
     query = torch.randn(
@@ -55,7 +64,11 @@ def sweep(case: Case, device: torch.device, runs: int) -> list[dict]:
         has_scratch=True,
     )
     scratch = SplitKVScratch.allocate(
-        common.num_actual_tokens, case.num_heads_q, max(NUM_SEGMENTS), case.shape.head_size, device
+        common.num_actual_tokens,
+        case.num_heads_q,
+        max(*space.num_segments, DEFAULT_NUM_SEGMENTS),
+        case.shape.head_size,
+        device,
     )
     heuristic = choose_launch_config(
         num_heads_q=case.num_heads_q,
@@ -68,11 +81,19 @@ def sweep(case: Case, device: torch.device, runs: int) -> list[dict]:
     )
     flush = l2_flush_buffer(device)
     results = []
-    segments = NUM_SEGMENTS if path == "3d" else (1,)
-    for tile, warps, stages, segs in itertools.product(TILE_SIZES, NUM_WARPS, NUM_STAGES, segments):
-        config = LaunchConfig(
-            heuristic.block_m, tile, warps, stages, segs, heuristic.merge_heads_per_program
-        )
+    segments = space.num_segments if path == "3d" else (1,)
+    grid = itertools.product(
+        space.block_m or (heuristic.block_m,),
+        space.tile_sizes,
+        space.num_warps,
+        space.num_stages,
+        segments,
+    )
+    swept = [
+        LaunchConfig(block_m, tile, warps, stages, segs, heuristic.merge_heads_per_program)
+        for block_m, tile, warps, stages, segs in grid
+    ]
+    for config in [None, *swept]:  # None: the launcher's own choice, as the engine runs it
 
         def run(config=config) -> None:
             unified_attention(
@@ -94,17 +115,31 @@ def sweep(case: Case, device: torch.device, runs: int) -> list[dict]:
         try:
             timing = time_cuda(run, warmup=3, runs=runs, flush=flush)
         except Exception as error:  # a config the compiler or the smem budget refuses
-            results.append({"config": config.__dict__, "error": type(error).__name__})
+            results.append({"config": describe(config), "error": type(error).__name__})
             continue
         results.append(
             {
-                "config": config.__dict__,
+                "config": describe(config),
                 "median_us": timing.median_us,
                 "tb_per_s": case.kv_bytes / (timing.median_us * 1e-6) / 1e12,
-                "heuristic": config == heuristic,
+                "heuristic": config is None,
             }
         )
     return results
+
+
+def describe(config: LaunchConfig | None) -> dict | str:
+    return "heuristic (unified_attention's own choice)" if config is None else config.__dict__
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``"16,32"`` -> ``(16, 32)``."""
+    try:
+        return tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers; got {text!r}"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,7 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--contexts", default="b64x8k")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--json", type=Path)
+    defaults = SweepSpace()
+    for field in fields(SweepSpace):
+        flag = "--" + field.name.replace("_", "-")
+        parser.add_argument(flag, type=int_list, default=getattr(defaults, field.name))
     args = parser.parse_args(argv)
+    space = SweepSpace(**{field.name: getattr(args, field.name) for field in fields(SweepSpace)})
     if not torch.cuda.is_available():
         print("error: the sweep needs a CUDA device", file=sys.stderr)
         return 2
@@ -130,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             or case.name in report
         ):
             continue
-        results = [r for r in sweep(case, device, args.runs) if "median_us" in r]
+        results = [r for r in sweep(case, device, args.runs, space) if "median_us" in r]
         results.sort(key=lambda r: r["median_us"])
         report[case.name] = results
         chosen = next((r for r in results if r["heuristic"]), None)

@@ -16,9 +16,12 @@ How the work is cut:
   base-2 log units) and its exp-sum to the caller's ``SplitKVScratch``; a fused merge kernel,
   grid ``(tokens, num_heads_q)``, combines the segments. It serves decode and short verify
   (``max_query_len <= 8``), where the 2D grid has too few programs to fill the GPU.
-* The q-block grid axis is the host-side upper bound ``num_tokens // block_q + num_seqs``
+* The 2D q-block grid axis is the host-side upper bound ``num_tokens // block_q + num_seqs``
   (vLLM's trick), so a launch needs no device sync; programs find their request by binary
-  search over ``query_start_loc`` and surplus programs exit.
+  search over ``query_start_loc`` and surplus programs exit. The split-KV path serves short
+  queries only, so its axis is exact: ``cdiv(max_query_len, block_q)`` q-blocks per request,
+  found by division (no search, and no idle programs taking a slot in the waves: decode at
+  G = 8 used to launch a third of its programs only for them to exit).
 * Only the key positions some row of the q-block can see are loaded (causal end, sliding-window
   start), through the block table, so cache slots outside them may hold anything.
 
@@ -29,10 +32,9 @@ editing the kernels.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -43,15 +45,24 @@ from kernels.kv_cache_write import check_query_against_cache
 
 MAX_3D_QUERY_LEN = 8
 """The longest query (decode, or verify of up to 7 drafts) the split-KV path serves."""
-DEFAULT_NUM_SEGMENTS = 16
-"""KV segments per (q-block, KV head) a builder should allocate scratch for (vLLM's default)."""
+DEFAULT_NUM_SEGMENTS = 32
+"""KV segments per (q-block, KV head) a builder should allocate scratch for (vLLM's is 16; a
+few requests over long contexts need more to fill one wave on the H200: 16 x 32k at head 256
+took 24)."""
 MIN_LAUNCH_GRID_SIZE_2D = 128
 """Default 3D threshold numerator: ``seq_threshold_3d = 128 // num_kv_heads`` as in vLLM."""
-PROGRAMS_PER_COMPUTE_UNIT_3D = 16
-"""Split-KV launches aim for about this many programs per SM (per core under the interpreter).
-Measured on the H200 (benchmarks.tune_attention, Gemma 4 shapes at 64 x 8k): 16 segments per
-request and KV head beat 32 and 64, and the earlier choice of 4 programs per SM (9 segments)."""
+MIN_SEGMENTS_3D = 6
+"""Split-KV launches take the fewest whole waves that give every (q-block, KV head) at least
+this many segments. Measured on the H200 (benchmarks.tune_attention, Gemma 4 head 256 and 512
+at 64 x 8k and 16 x 32k, 4 to 32 segments): every fastest count was the one that filled whole
+waves of resident programs (a launch of 1.3 waves ran up to 20 % slower than one of 0.97), and
+one wave at 6 segments beat two at 12."""
 H200_SMS = 132
+H200_WAVE_SLOTS = 3 * H200_SMS
+"""Programs the H200 holds at once for the head-256 decode kernel (168 registers per thread and
+76 KB of shared memory allow 3 per SM, per Nsight Compute)."""
+REGISTERS_PER_SM = 65536
+"""32-bit registers per SM on every NVIDIA GPU since Maxwell."""
 
 Path = Literal["2d", "3d"]
 
@@ -196,14 +207,14 @@ def choose_launch_config(
     max_seq_len: int,
     path: Path,
     max_segments: int = DEFAULT_NUM_SEGMENTS,
-    num_compute_units: int = H200_SMS,
+    wave_slots: int = H200_WAVE_SLOTS,
 ) -> LaunchConfig:
     """The heuristic launch parameters.
 
     Decode and short verify are bandwidth-bound: 32 KiB of K and V per tile at head <= 256,
     two pipeline stages (measured on the H200). Prefill is compute-bound: wider q-blocks. Split-KV
-    picks enough segments for about ``PROGRAMS_PER_COMPUTE_UNIT_3D`` programs per SM, at least
-    one tile each.
+    fills whole waves of ``wave_slots`` resident programs (``split_kv_segments``);
+    ``unified_attention`` measures them from the compiled kernel.
     """
     group_size = num_heads_q // num_kv_heads
     head_size_padded = _dot_head_size(head_size)
@@ -221,17 +232,32 @@ def choose_launch_config(
     num_segments = 1
     if path == "3d":
         block_q = block_m // group_size
-        kv_programs = num_seqs * triton.cdiv(max_query_len, block_q) * num_kv_heads
-        num_segments = min(
-            max_segments,
-            triton.cdiv(PROGRAMS_PER_COMPUTE_UNIT_3D * num_compute_units, max(kv_programs, 1)),
-            triton.cdiv(max(max_seq_len, 1), tile_size),
+        num_segments = split_kv_segments(
+            kv_programs=num_seqs * triton.cdiv(max_query_len, block_q) * num_kv_heads,
+            num_tiles=triton.cdiv(max(max_seq_len, 1), tile_size),
+            wave_slots=wave_slots,
+            max_segments=max_segments,
         )
     # The interpreter pays per program, a GPU wants many small ones.
     merge_heads = triton.next_power_of_2(num_heads_q) if _INTERPRETED else 1
     return LaunchConfig(
         block_m, tile_size, num_warps, num_stages, max(num_segments, 1), merge_heads
     )
+
+
+def split_kv_segments(
+    *, kv_programs: int, num_tiles: int, wave_slots: int, max_segments: int
+) -> int:
+    """Segments per (q-block, KV head): the fewest whole waves of ``wave_slots`` programs that
+    give each of the ``kv_programs`` at least ``MIN_SEGMENTS_3D`` segments, as many segments as
+    those waves hold, capped by the scratch and by one tile per segment.
+
+    A launch that spills a few programs into a last partial wave waits for them with most SMs
+    idle; every program reads about the same bytes, so whole waves finish together.
+    """
+    kv_programs = max(kv_programs, 1)
+    waves = triton.cdiv(MIN_SEGMENTS_3D * kv_programs, wave_slots)
+    return max(1, min(waves * wave_slots // kv_programs, max_segments, num_tiles))
 
 
 def select_path(
@@ -297,7 +323,8 @@ def unified_attention(
     """Paged attention of ``query`` [num_tokens, num_heads_q, head_size] into ``output``.
 
     ``max_query_len`` and ``max_seq_len`` are host-side bounds of the batch (as in vLLM's
-    metadata), so nothing here syncs the device. Output rows of tokens past
+    metadata), so nothing here syncs the device; they must bound every request (the split-KV
+    grid and segments are sized by them). Output rows of tokens past
     ``query_start_loc[-1]`` (CUDA-graph padding) are left untouched. Returns ``output``.
     """
     _check_inputs(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table)
@@ -327,6 +354,7 @@ def unified_attention(
         path=path,
         seq_threshold_3d=seq_threshold_3d,
     )
+    auto_config = config is None
     if config is None:
         config = choose_launch_config(
             num_heads_q=num_heads_q,
@@ -337,14 +365,12 @@ def unified_attention(
             max_seq_len=max_seq_len,
             path=chosen,
             max_segments=scratch.num_segments if scratch is not None else DEFAULT_NUM_SEGMENTS,
-            num_compute_units=_num_compute_units(query.device),
         )
     group_size = num_heads_q // num_kv_heads
     if config.block_m < group_size:
         raise ValueError(f"block_m {config.block_m} is below the group size {group_size}")
     if chosen == "3d":
         assert scratch is not None
-        check_scratch(scratch, query, config.num_segments)
         segments = (scratch.segm_output, scratch.segm_max, scratch.segm_expsum)
         scratch_segments = scratch.num_segments
     else:
@@ -352,33 +378,42 @@ def unified_attention(
         scratch_segments = 1
 
     block_q = config.block_q(group_size)
-    grid_segments = config.num_segments if chosen == "3d" else 1
+    q_blocks_per_seq = triton.cdiv(max_query_len, block_q)
+    grid_q_blocks = (
+        num_seqs * q_blocks_per_seq if chosen == "3d" else num_tokens // block_q + num_seqs
+    )
     qk_scale = sm_scale if logits_soft_cap is not None else sm_scale * _LOG2E
-    _unified_attention_kernel[(num_tokens // block_q + num_seqs, num_kv_heads, grid_segments)](
-        output,
-        query,
-        key_cache,
-        value_cache,
-        block_table,
-        seq_lens,
-        query_start_loc,
-        *segments,
-        qk_scale,
-        logits_soft_cap or 0.0,
-        sliding_window or 0,
-        num_seqs,
-        grid_segments,
-        query.stride(0),
-        query.stride(1),
-        output.stride(0),
-        output.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        block_table.stride(0),
+
+    def kernel_arguments(num_segments: int) -> list:
+        return [
+            output,
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            seq_lens,
+            query_start_loc,
+            *segments,
+            qk_scale,
+            logits_soft_cap or 0.0,
+            sliding_window or 0,
+            num_seqs,
+            num_segments,
+            q_blocks_per_seq,
+            query.stride(0),
+            query.stride(1),
+            output.stride(0),
+            output.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
+            value_cache.stride(0),
+            value_cache.stride(1),
+            value_cache.stride(2),
+            block_table.stride(0),
+        ]
+
+    constexprs = dict(
         NUM_HEADS_Q=num_heads_q,
         GROUP_SIZE=group_size,
         HEAD_SIZE=head_size,
@@ -396,6 +431,21 @@ def unified_attention(
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+    )
+    if chosen == "3d":
+        assert scratch is not None
+        if auto_config:
+            num_segments = split_kv_segments(
+                kv_programs=grid_q_blocks * num_kv_heads,
+                num_tiles=triton.cdiv(max_seq_len, config.tile_size),
+                wave_slots=_wave_slots(kernel_arguments(1), constexprs, query.device),
+                max_segments=scratch.num_segments,
+            )
+            config = replace(config, num_segments=num_segments)
+        check_scratch(scratch, query, config.num_segments)
+    grid_segments = config.num_segments if chosen == "3d" else 1
+    _unified_attention_kernel[(grid_q_blocks, num_kv_heads, grid_segments)](
+        *kernel_arguments(grid_segments), **constexprs
     )
     if chosen == "3d":
         merge_heads = config.merge_heads_per_program
@@ -418,12 +468,49 @@ def unified_attention(
     return output
 
 
-@functools.cache
-def _num_compute_units(device: torch.device) -> int:
-    """SMs of a GPU; CPU cores under the interpreter, which runs one program per core at best."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return os.cpu_count() or 1
+def resident_programs_per_sm(
+    *,
+    registers_per_thread: int,
+    shared_bytes: int,
+    num_warps: int,
+    max_threads_per_sm: int,
+    shared_bytes_per_sm: int,
+    warp_size: int = 32,
+) -> int:
+    """Programs of a compiled kernel one SM holds at once: the tightest of its register file
+    (allocated per warp in 256-register units), shared memory (1 KiB reserved per program) and
+    thread limits. Nsight Compute's "Block Limit" figures follow the same rules."""
+    registers_per_warp = triton.cdiv(registers_per_thread * warp_size, 256) * 256
+    by_registers = REGISTERS_PER_SM // (registers_per_warp * num_warps)
+    by_shared = shared_bytes_per_sm // (shared_bytes + 1024)
+    by_threads = max_threads_per_sm // (num_warps * warp_size)
+    return max(1, min(by_registers, by_shared, by_threads))
+
+
+_WAVE_SLOTS: dict[tuple, int] = {}
+
+
+def _wave_slots(arguments: list, constexprs: dict, device: torch.device) -> int:
+    """Programs of this kernel variant the device runs at once. On a GPU: SMs times resident
+    programs, from the compiled kernel's registers and shared memory (compiled ahead of its
+    first launch, as Triton's softmax tutorial does, and cached per variant). Under the
+    interpreter: one program per CPU core."""
+    if device.type != "cuda":
+        return os.cpu_count() or 1
+    key = (device.index, arguments[1].dtype, tuple(sorted(constexprs.items())))
+    if key not in _WAVE_SLOTS:
+        kernel = _unified_attention_kernel.warmup(*arguments, grid=(1,), **constexprs)
+        kernel._init_handles()
+        properties = torch.cuda.get_device_properties(device)
+        resident = resident_programs_per_sm(
+            registers_per_thread=kernel.n_regs,
+            shared_bytes=kernel.metadata.shared,
+            num_warps=constexprs["num_warps"],
+            max_threads_per_sm=properties.max_threads_per_multi_processor,
+            shared_bytes_per_sm=properties.shared_memory_per_multiprocessor,
+        )
+        _WAVE_SLOTS[key] = properties.multi_processor_count * resident
+    return _WAVE_SLOTS[key]
 
 
 def _dot_head_size(head_size: int) -> int:
@@ -521,7 +608,7 @@ def _soft_cap(scores, cap):
     return cap * (1.0 - 2.0 / (doubled + 1.0))
 
 
-@triton.jit(do_not_specialize=["num_seqs", "num_segments"])
+@triton.jit(do_not_specialize=["num_seqs", "num_segments", "q_blocks_per_seq"])
 def _unified_attention_kernel(
     output_ptr,
     query_ptr,
@@ -538,6 +625,7 @@ def _unified_attention_kernel(
     sliding_window,
     num_seqs,
     num_segments,
+    q_blocks_per_seq,
     stride_query_token,
     stride_query_head,
     stride_output_token,
@@ -570,10 +658,16 @@ def _unified_attention_kernel(
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
 
-    request = _find_request(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    if SPLIT_KV:  # exact grid: q_blocks_per_seq programs per request
+        request = q_block // q_blocks_per_seq
+    else:
+        request = _find_request(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + request)
     q_len = tl.load(query_start_loc_ptr + request + 1) - q_start
-    first_local = (q_block - (q_start // BLOCK_Q + request)) * BLOCK_Q
+    if SPLIT_KV:
+        first_local = (q_block % q_blocks_per_seq) * BLOCK_Q
+    else:
+        first_local = (q_block - (q_start // BLOCK_Q + request)) * BLOCK_Q
     if first_local >= q_len:
         return
     context_len = tl.load(seq_lens_ptr + request) - q_len

@@ -14,7 +14,7 @@ from kernels.backend import MIXED_HEADS_MESSAGE, AttentionLayerParams
 from kernels.backends.common import HeadCountMismatchError
 from kernels.backends.triton_attn import TritonAttentionMetadataBuilder
 from kernels.registry import get_backend
-from kernels.triton_unified_attention import ScratchTooSmallError
+from kernels.triton_unified_attention import DEFAULT_NUM_SEGMENTS, ScratchTooSmallError
 from reference_engine.attention_groups import AttentionGroup, GroupingPolicy
 from reference_engine.kv_cache_spec import FullAttentionSpec
 from suites.kernels.backend_harness import (
@@ -77,9 +77,9 @@ def test_builder_state_follows_group_heads(backend_name: str, role, device) -> N
         padded = triton.next_power_of_2(group.kv_cache_spec.head_size)
         rows = min(128 // group.kv_cache_spec.num_kv_heads, 4) * min(5, 8)
         assert description["scratch_shapes"] == {
-            "segm_output": [rows, expected_heads, 16, padded],
-            "segm_max": [rows, expected_heads, 16],
-            "segm_expsum": [rows, expected_heads, 16],
+            "segm_output": [rows, expected_heads, DEFAULT_NUM_SEGMENTS, padded],
+            "segm_max": [rows, expected_heads, DEFAULT_NUM_SEGMENTS],
+            "segm_expsum": [rows, expected_heads, DEFAULT_NUM_SEGMENTS],
         }
     if backend_name == "flashinfer":
         assert description["plan"]["num_qo_heads"] == expected_heads
@@ -115,7 +115,10 @@ def test_triton_scratch_rows(num_kv_heads, max_num_seqs, max_query_len, rows) ->
     )
     assert builder.scratch.rows == rows
     assert builder.seq_threshold_3d == 128 // num_kv_heads
-    assert (builder.scratch.num_segments, builder.scratch.head_size_padded) == (16, 16)
+    assert (builder.scratch.num_segments, builder.scratch.head_size_padded) == (
+        DEFAULT_NUM_SEGMENTS,
+        16,
+    )
 
 
 @pytest.mark.mtp

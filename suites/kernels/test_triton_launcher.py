@@ -11,15 +11,20 @@ from dataclasses import asdict, dataclass
 import pytest
 import torch
 
+from kernels import triton_unified_attention
 from kernels.attention_oracle import paged_attention_reference
 from kernels.triton_unified_attention import (
     DEFAULT_NUM_SEGMENTS,
+    H200_SMS,
     MAX_3D_QUERY_LEN,
+    MIN_SEGMENTS_3D,
     LaunchConfig,
     ScratchTooSmallError,
     SplitKVScratch,
     choose_launch_config,
+    resident_programs_per_sm,
     select_path,
+    split_kv_segments,
     unified_attention,
 )
 from suites.kernels.batches import (
@@ -27,6 +32,7 @@ from suites.kernels.batches import (
     RELATIVE_ERROR_BOUND,
     BatchSpec,
     PagedBatch,
+    gpu_only,
     make_paged_batch,
     relative_error,
 )
@@ -117,6 +123,104 @@ def test_verify_reads_kv_once_per_request(
         assert config.block_q(group_size) >= max_query_len
     assert config.block_m >= max(16, group_size)
     assert 1 <= config.num_segments <= DEFAULT_NUM_SEGMENTS
+
+
+# The fastest segment counts of benchmarks.tune_attention on the H200 (4 to 32 segments swept):
+# (KV programs = requests x KV heads, tiles of the context, wave slots, fastest segments).
+MEASURED_SEGMENT_OPTIMA = {
+    "e2b-d256-64x8k": (64, 128, 3 * H200_SMS, 6),
+    "e2b-d256-16x32k": (16, 512, 3 * H200_SMS, 24),
+    "e4b-d256-64x8k": (128, 128, 3 * H200_SMS, 6),
+    "e4b-d256-16x32k": (32, 512, 3 * H200_SMS, 12),
+    "e2b-d512-64x8k": (64, 256, 2 * H200_SMS, 8),
+    "e2b-d512-16x32k": (16, 1024, 2 * H200_SMS, 16),
+}
+
+
+@pytest.mark.parametrize(
+    ("kv_programs", "num_tiles", "wave_slots", "fastest"),
+    list(MEASURED_SEGMENT_OPTIMA.values()),
+    ids=list(MEASURED_SEGMENT_OPTIMA),
+)
+def test_split_kv_segments_pick_the_measured_fastest(
+    kv_programs: int, num_tiles: int, wave_slots: int, fastest: int
+) -> None:
+    segments = split_kv_segments(
+        kv_programs=kv_programs, num_tiles=num_tiles, wave_slots=wave_slots, max_segments=32
+    )
+    assert segments == fastest
+
+
+@pytest.mark.parametrize("kv_programs", [1, 7, 16, 64, 100, 128, 500, 4096])
+@pytest.mark.parametrize("wave_slots", [2, 264, 396])
+def test_split_kv_segments_fill_whole_waves(kv_programs: int, wave_slots: int) -> None:
+    """Uncapped, the launch fills its waves to within one segment's programs, and every
+    (q-block, KV head) gets at least MIN_SEGMENTS_3D segments."""
+    segments = split_kv_segments(
+        kv_programs=kv_programs, num_tiles=10**6, wave_slots=wave_slots, max_segments=10**6
+    )
+    programs = kv_programs * segments
+    waves = -(-programs // wave_slots)
+    assert segments >= MIN_SEGMENTS_3D
+    assert waves * wave_slots - programs < kv_programs
+    assert (waves - 1) * wave_slots < MIN_SEGMENTS_3D * kv_programs
+
+
+@pytest.mark.parametrize(
+    ("max_segments", "num_tiles", "expected"), [(4, 100, 4), (32, 3, 3), (32, 0, 1)]
+)
+def test_split_kv_segments_respect_scratch_and_tiles(
+    max_segments: int, num_tiles: int, expected: int
+) -> None:
+    segments = split_kv_segments(
+        kv_programs=16, num_tiles=num_tiles, wave_slots=396, max_segments=max_segments
+    )
+    assert segments == expected
+
+
+# Nsight Compute on the H200 (benchmarks/results/*ncu*): registers per thread, dynamic shared
+# memory per program and its "Block Limit" (4 warps; 2048 threads and 228 KiB per SM).
+NSIGHT_OCCUPANCY = {
+    "d256-decode": (168, 75_780, 3),
+    "d512-verify": (255, 100_350, 2),
+}
+
+
+@pytest.mark.parametrize(
+    ("registers", "shared_bytes", "block_limit"),
+    list(NSIGHT_OCCUPANCY.values()),
+    ids=list(NSIGHT_OCCUPANCY),
+)
+def test_resident_programs_match_nsight(
+    registers: int, shared_bytes: int, block_limit: int
+) -> None:
+    resident = resident_programs_per_sm(
+        registers_per_thread=registers,
+        shared_bytes=shared_bytes,
+        num_warps=4,
+        max_threads_per_sm=2048,
+        shared_bytes_per_sm=228 * 1024,
+    )
+    assert resident == block_limit
+
+
+@pytest.mark.gpu
+@gpu_only
+def test_wave_slots_come_from_the_compiled_kernel() -> None:
+    """The split-KV launch sizes its waves from the compiled kernel: a positive number of
+    programs per SM, no more than the SM's thread limit allows."""
+    device = torch.device("cuda")
+    batch = _batch(BatchSpec.decode(4, 700, 900, 1200), device=device)
+    scratch = SplitKVScratch.allocate(4, 8, DEFAULT_NUM_SEGMENTS, 64, device)
+    triton_unified_attention._WAVE_SLOTS.clear()
+    output = torch.full_like(batch.query, float("nan"))
+    _launch(batch, output, scratch=scratch, path="3d")
+    (slots,) = triton_unified_attention._WAVE_SLOTS.values()
+    properties = torch.cuda.get_device_properties(device)
+    sms = properties.multi_processor_count
+    assert slots % sms == 0
+    assert 1 <= slots // sms <= properties.max_threads_per_multi_processor // 128
+    assert not output.isnan().any()
 
 
 def _batch(
