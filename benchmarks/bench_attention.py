@@ -380,8 +380,7 @@ def record_writer(path: Path | None, device: torch.device) -> RecordWriter | Non
     # Imported here: run_record imports this module's bound and backends.
     from benchmarks.run_record import RecordWriter
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return RecordWriter(path, "benchmarks/bench_attention.py", name)
+    return RecordWriter(path, "benchmarks/bench_attention.py", device)
 
 
 def comma_list(text: str) -> list[str]:

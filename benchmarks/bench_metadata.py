@@ -80,8 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.device(args.device)
     record = None
     if args.record is not None:
-        device_label = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-        record = RecordWriter(args.record, "benchmarks/bench_metadata.py", device_label)
+        record = RecordWriter(args.record, "benchmarks/bench_metadata.py", device)
     step, num_builders = build_step_timer(
         args.pair, args.batch, args.context_len, args.query_len, device
     )

@@ -51,8 +51,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from benchmarks.bench_attention import BACKENDS, MAX_RELATIVE_ERROR
-from reports.environment import collect_environment
+from reports.environment import collect_environment, cpu_name
 from reports.record import Metric, RecordError, RunRecord, Scalar, TestResult, read_json_file
 from reports.record import write_record as write_record_file
 
@@ -236,16 +238,22 @@ def run_environment(
     return environment
 
 
+def device_label(device: torch.device) -> str:
+    """The device a benchmark ran on, as records name it: the GPU, or the CPU even on a
+    machine that has a GPU (a CPU run there must not be compared as a GPU run)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
 class RecordWriter:
     """Writes a benchmark's run record (atomically) as its metrics accumulate.
 
     The environment is collected once, when the benchmark starts.
     """
 
-    def __init__(self, path: Path, tool: str, device: str | None) -> None:
+    def __init__(self, path: Path, tool: str, device: torch.device) -> None:
         self.path = path
         self.tool = tool
-        self.environment = run_environment(device)
+        self.environment = run_environment(device_label(device))
         self.run_id = uuid.uuid4().hex
         self.started = datetime.datetime.now(datetime.UTC)
 

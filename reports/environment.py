@@ -78,6 +78,11 @@ def device_name() -> str:
                 return f"{torch.cuda.get_device_name(0)} x{count}"
         except Exception:  # a broken CUDA setup must not break the record
             pass
+    return cpu_name()
+
+
+def cpu_name() -> str:
+    """The CPU as records name a device: ``CPU: <model>``."""
     return f"CPU: {_cpu_model()}"
 
 

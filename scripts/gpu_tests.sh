@@ -5,7 +5,7 @@
 set -euo pipefail
 dir=${WHEELS:-.whl}
 site=${SITE:-/tmp/agc-site}
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$dir"/*.whl "$dir"/nox/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$dir"/*.whl "$dir"/tools/*.whl
 # The project itself, for its pytest plugin's entry point (the code is imported from the checkout).
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$site" .
 rm -rf build ./*.egg-info

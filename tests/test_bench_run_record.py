@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks.bench_attention import MAX_RELATIVE_ERROR
 from benchmarks.run_record import (
     EXIT_BAD_INPUT,
     EXIT_OK,
+    device_label,
     load_metric_list,
     main,
     parse_metric_list,
@@ -324,3 +326,12 @@ def test_html_report_shows_the_regression(slower_run: Path, tmp_path: Path, caps
     assert reports_main(argv) == 0
     assert "1 metric regressions" in capsys.readouterr().out
     assert f"{TOOL}::{CASE}" in html.read_text()
+
+
+def test_a_cpu_run_is_recorded_as_cpu_on_a_gpu_machine(monkeypatch) -> None:
+    """A benchmark run with --device cpu on a GPU machine must not be recorded (and so compared)
+    as a GPU run."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H200")
+    assert device_label(torch.device("cpu")).startswith("CPU: ")
+    assert device_label(torch.device("cuda")) == "NVIDIA H200"
