@@ -404,12 +404,8 @@ def unified_attention(
             query.stride(1),
             output.stride(0),
             output.stride(1),
-            key_cache.stride(0),
-            key_cache.stride(1),
-            key_cache.stride(2),
-            value_cache.stride(0),
-            value_cache.stride(1),
-            value_cache.stride(2),
+            *key_cache.stride()[:3],  # block, offset in block, head
+            *value_cache.stride()[:3],
             block_table.stride(0),
         ]
 
