@@ -20,7 +20,10 @@ writes the metrics as a list of ``{name, value, unit, samples, higher_is_better}
 ``--dry-run`` runs every case once and checks it against the oracle without
 timing; with ``--tiny`` (required on the CPU, where Triton runs under its
 interpreter) the contexts are small. Every run records each backend's relative
-error against the oracle on the first requests.
+error against the oracle on the first requests. ``--cuda-graph`` (GPU) also
+captures each backend's launch into a CUDA graph, checks the replay against the
+oracle on a poisoned output (``graph_relative_error``) and times it beside the
+eager launch (``graph_latency``): the kernel time without host launch work.
 
 Exit status: 0 on success, 1 when a backend's output disagrees with the oracle,
 2 for bad arguments or a missing GPU.
@@ -32,7 +35,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,7 +46,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchmarks.metrics import Metric, write_metrics
-from benchmarks.timing import COPY_BYTES, Timing, copy_bandwidth, l2_flush_buffer, time_cuda
+from benchmarks.timing import (
+    COPY_BYTES,
+    Timing,
+    copy_bandwidth,
+    cuda_graph_replay,
+    l2_flush_buffer,
+    time_cuda,
+)
 from kernels.attention_oracle import paged_attention_reference
 from kernels.backend import AttentionLayerParams
 from kernels.metadata import CommonAttentionMetadata, cdiv
@@ -288,6 +298,42 @@ def print_row(case: Case, run: BackendRun, timing: Timing | None, copy_bw: float
     )
 
 
+def graph_replay_metrics(
+    args: argparse.Namespace,
+    case: Case,
+    run: BackendRun,
+    common,
+    cache: KVCache,
+    query: torch.Tensor,
+    flush: torch.Tensor | None,
+    copy_bw: float | None,
+) -> tuple[list[Metric], bool]:
+    """The backend's kernels replayed from a CUDA graph: checked against the oracle on a
+    poisoned output, then (unless --dry-run) timed like the eager launch; returns the metrics
+    and whether the replay matched the oracle."""
+    try:
+        replay = cuda_graph_replay(run.run)
+    except RuntimeError as error:  # a backend whose launch cannot be captured: a failed case
+        print(f"{case.name} {run.backend}: CUDA graph capture failed: {error}", file=sys.stderr)
+        return [], False
+    run.output.fill_(float("nan"))
+    replay()
+    error = check_against_oracle(run, case, common, cache, query)
+    prefix = f"{case.name}.{run.backend}"
+    metrics = [Metric(f"{prefix}.graph_relative_error", error, "ratio", [], False)]
+    if not error < MAX_RELATIVE_ERROR:
+        print(
+            f"{case.name} {run.backend} (CUDA graph): relative error {error:.2e}", file=sys.stderr
+        )
+    timing = None
+    if not args.dry_run:
+        timing = time_cuda(replay, warmup=args.warmup, runs=args.runs, flush=flush)
+        samples = list(timing.samples_us)
+        metrics.append(Metric(f"{prefix}.graph_latency", timing.median_us, "us", samples, False))
+    print_row(case, replace(run, path=f"{run.path} graph"), timing, copy_bw)
+    return metrics, error < MAX_RELATIVE_ERROR
+
+
 def ratio_metric(case: Case, timings: dict[str, Timing]) -> Metric | None:
     """Triton / FlashInfer median latency, with the p10/p90 spread printed."""
     if not {"triton", "flashinfer"} <= timings.keys():
@@ -347,6 +393,12 @@ def run_cases(
             print_row(case, run, timings.get(name), copy_bw)
             if name in timings:
                 metrics.extend(backend_metrics(case, run, timings[name], copy_bw))
+            if args.cuda_graph:
+                graph_metrics, graph_ok = graph_replay_metrics(
+                    args, case, run, common, cache, query, flush, copy_bw
+                )
+                metrics.extend(graph_metrics)
+                status = status if graph_ok else 1
         ratio = ratio_metric(case, timings)
         if ratio is not None:
             metrics.append(ratio)
@@ -398,6 +450,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="write a run record (python -m reports compare --run PATH) to this file",
     )
     parser.add_argument("--quick", action="store_true", help="a small smoke subset")
+    parser.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="also replay each backend's kernels from a CUDA graph: checked, and timed beside "
+        "the eager launch (GPU only)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="validate cases, time nothing")
     parser.add_argument(
         "--tiny", action="store_true", help="small contexts (with --dry-run; needed on the CPU)"
@@ -452,6 +510,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     on_gpu = torch.device(args.device).type == "cuda" and torch.cuda.is_available()
     if not args.dry_run and not on_gpu:
         parser.error("timing needs a CUDA device; on the CPU use --dry-run --tiny")
+    if args.cuda_graph and not on_gpu:
+        parser.error("--cuda-graph needs a CUDA device")
     if args.dry_run and not on_gpu and not args.tiny:
         parser.error("on the CPU --dry-run needs --tiny (full contexts take gigabytes)")
     return args

@@ -8,7 +8,7 @@
   ``CASE.BACKEND.MEASURE`` (BACKEND one of ``bench_attention.BACKENDS``) or
   ``CASE.MEASURE`` belongs to CASE, e.g. ``decode.gemma4-e2b-sliding-d256.b64x8k``,
   ``device`` (the copy bandwidth), ``metadata.gemma4-e2b-mtp.b64``;
-- a case fails when one of its ``relative_error`` metrics is not below
+- a case fails when one of its ``relative_error`` metrics (``graph_relative_error`` too) is not below
   ``bench_attention.MAX_RELATIVE_ERROR`` (a non-finite error fails too, as in the
   benchmark), with a message naming the backend and error; else it passes. The error is
   judged against the bound, never compared with the baseline's as a timed metric: it
@@ -91,7 +91,7 @@ class BenchMetric:
 
     @property
     def is_judged(self) -> bool:
-        return self.measure.rsplit(".", 1)[-1] == JUDGED_MEASURE
+        return self.measure.rsplit(".", 1)[-1].endswith(JUDGED_MEASURE)  # graph_relative_error too
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -175,7 +175,7 @@ def load_metric_list(path: str | Path) -> list[BenchMetric]:
 def case_result(nodeid: str, metrics: Sequence[BenchMetric], bound: float) -> TestResult:
     """Failed when a relative error is not below ``bound`` (NaN included), else passed."""
     failures = [
-        f"{metric.measure.removesuffix(JUDGED_MEASURE).rstrip('.') or 'output'} relative error "
+        f"{metric.measure.removesuffix(JUDGED_MEASURE).rstrip('._') or 'output'} relative error "
         f"{metric.value:.2e} not below {bound:.0e}"
         for metric in metrics
         if metric.is_judged and not metric.value < bound

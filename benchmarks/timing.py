@@ -59,6 +59,22 @@ def time_cuda(run: Callable[[], object], *, warmup: int, runs: int, flush: torch
     )
 
 
+def cuda_graph_replay(run: Callable[[], object]) -> Callable[[], None]:
+    """``run`` captured once into a CUDA graph; the returned callable replays its kernels
+    without the host-side launch work, as an engine's decode graph does. ``run`` must launch
+    on fixed tensors and never sync; it runs once on a side stream first (compiles, lazy
+    allocations), as torch's capture requires."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
+
+
 def l2_flush_buffer(device: torch.device) -> torch.Tensor:
     return torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
 

@@ -27,6 +27,8 @@ class DryRun:
     record: Path
     device_prefix: str
     """How the record must name the device that ran it."""
+    cuda_graph: bool
+    """On the GPU the run also replays each case from a CUDA graph."""
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +39,10 @@ def tiny_dry_run(tmp_path_factory) -> DryRun:
     metrics, record = out / "attention.json", out / "record.json"
     command = [sys.executable, "-m", "benchmarks.bench_attention", "--dry-run", "--tiny", "--quick"]
     outputs = ["--json", str(metrics), "--record", str(record)]
-    if torch.cuda.is_available():
+    on_gpu = torch.cuda.is_available()
+    if on_gpu:
         device, env, device_prefix = "cuda", dict(os.environ), torch.cuda.get_device_name()
+        outputs.append("--cuda-graph")
     else:
         device, device_prefix = "cpu", "CPU"
         env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -51,16 +55,17 @@ def tiny_dry_run(tmp_path_factory) -> DryRun:
         timeout=300,
     )
     assert completed.returncode == 0, completed.stderr
-    return DryRun(completed, metrics, record, device_prefix)
+    return DryRun(completed, metrics, record, device_prefix, on_gpu)
 
 
 QUICK_CASES = cases(quick=True, tiny=True, shape_names=list(SHAPES))
 
 
 def test_tiny_dry_run_writes_checked_metrics(tiny_dry_run: DryRun) -> None:
-    """Every quick case matches the oracle."""
+    """Every quick case matches the oracle (and so does its CUDA-graph replay, on the GPU)."""
     metrics = json.loads(tiny_dry_run.metrics.read_text())
-    expected_names = {f"{case.name}.triton.relative_error" for case in QUICK_CASES}
+    measures = ["relative_error", "graph_relative_error"][: 1 + tiny_dry_run.cuda_graph]
+    expected_names = {f"{case.name}.triton.{m}" for case in QUICK_CASES for m in measures}
     assert {metric["name"] for metric in metrics} == expected_names
     for metric in metrics:
         assert set(metric) == {"name", "value", "unit", "samples", "higher_is_better"}
@@ -108,8 +113,12 @@ def test_bad_arguments_exit_2(argv, message, capsys) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [([], "timing needs a CUDA device"), (["--dry-run"], "--dry-run needs --tiny")],
-    ids=["timing", "full-size-dry-run"],
+    [
+        ([], "timing needs a CUDA device"),
+        (["--dry-run"], "--dry-run needs --tiny"),
+        (["--dry-run", "--tiny", "--cuda-graph"], "--cuda-graph needs a CUDA device"),
+    ],
+    ids=["timing", "full-size-dry-run", "cuda-graph"],
 )
 def test_cpu_refuses_what_needs_a_gpu(argv, message, capsys) -> None:
     with pytest.raises(SystemExit) as exited:

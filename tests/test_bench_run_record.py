@@ -127,6 +127,18 @@ def test_failure_message_names_backend_error_and_bound() -> None:
     assert case.message == "triton relative error 5.00e-01 not below 2e-02"
 
 
+@pytest.mark.parametrize(("error", "outcome"), [(1e-3, "passed"), (0.5, "failed")])
+def test_a_cuda_graph_replay_error_is_judged_too(error: float, outcome: str) -> None:
+    """--cuda-graph's replay error fails its case like the eager launch's, and is no timed metric."""
+    graph_error = metric(f"{CASE}.triton.graph_relative_error", error, "ratio")
+    record = convert([*metric_list(), graph_error])
+    case = record.test_by_nodeid()[f"{TOOL}::{CASE}"]
+    assert case.outcome == outcome
+    if outcome == "failed":
+        assert case.message == "triton.graph relative error 5.00e-01 not below 2e-02"
+    assert "triton.graph_relative_error" not in {metric.name for metric in record.metrics}
+
+
 def test_environment_overrides_win_over_this_machine() -> None:
     environment = run_environment("NVIDIA H200", {"git_sha": "abc", "hostname": None})
     assert (environment["device"], environment["git_sha"]) == ("NVIDIA H200", "abc")
