@@ -493,7 +493,7 @@ def _wave_slots(arguments: list, constexprs: dict, device: torch.device) -> int:
     interpreter: one program per CPU core."""
     if device.type != "cuda":
         return os.cpu_count() or 1
-    key = (device.index, arguments[1].dtype, tuple(sorted(constexprs.items())))
+    key = (device.index, arguments[1].dtype, *constexprs.values())  # one dict literal: fixed order
     if key not in _WAVE_SLOTS:
         kernel = _unified_attention_kernel.warmup(*arguments, grid=(1,), **constexprs)
         kernel._init_handles()
