@@ -2,9 +2,11 @@
 
 Everything is derived from one run's metrics, so the ratios compare timings
 taken side by side: verify / decode and draft / target (decode) per shape and
-context, Triton / FlashInfer per case.
+context, Triton / FlashInfer per case. A run with ``--cuda-graph`` adds Triton's
+graph-replay latency and the same ratio to decode from the replays (kernel time
+without the host's launch work).
 
-    python -m benchmarks.table benchmarks/results/h200-2026-12-02-full-matrix.json
+    python -m benchmarks.table benchmarks/results/h200-2026-12-02-graph-matrix.json
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class CaseResult:
     triton_tb_per_s: float
     fraction_of_copy: float
     flashinfer_us: float | None
+    triton_graph_us: float | None = None
 
 
 def load_cases(metrics: Sequence[dict]) -> list[CaseResult]:
@@ -49,6 +52,7 @@ def load_cases(metrics: Sequence[dict]) -> list[CaseResult]:
                     values[f"{key}.triton.kv_read_bandwidth"],
                     values[f"{key}.triton.fraction_of_copy_bandwidth"],
                     values.get(f"{key}.flashinfer.latency"),
+                    values.get(f"{key}.triton.graph_latency"),
                 )
             )
         except KeyError as missing:
@@ -56,23 +60,36 @@ def load_cases(metrics: Sequence[dict]) -> list[CaseResult]:
     return results
 
 
+def _versus_decode(result: CaseResult, decode: CaseResult | None, latency: str) -> str:
+    """``result``'s latency over its shape's decode latency (the attribute ``latency``)."""
+    if result.mode == "decode" or decode is None:
+        return ""
+    mine, decodes = getattr(result, latency), getattr(decode, latency)
+    return "—" if mine is None or decodes is None else f"{mine / decodes:.2f}"
+
+
 def markdown_table(results: Sequence[CaseResult]) -> str:
     by_key = {(r.mode, r.shape, r.context): r for r in results}
-    lines = [
-        "| case | Triton us | TB/s | % of copy | FlashInfer us | Triton / FlashInfer | vs decode |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    graphs = any(r.triton_graph_us is not None for r in results)
+    header = (
+        "| case | Triton us | TB/s | % of copy | FlashInfer us | Triton / FlashInfer | vs decode |"
+    )
+    if graphs:
+        header += " Triton graph us | graph vs decode |"
+    lines = [header, "|" + " --- |" * (header.count("|") - 1)]
     for r in results:
         flashinfer = "—" if r.flashinfer_us is None else f"{r.flashinfer_us:.1f}"
         ratio = "—" if r.flashinfer_us is None else f"{r.triton_us / r.flashinfer_us:.2f}"
         decode = by_key.get(("decode", r.shape, r.context))
-        versus = (
-            "" if r.mode == "decode" or decode is None else f"{r.triton_us / decode.triton_us:.2f}"
-        )
-        lines.append(
+        line = (
             f"| {r.mode} {r.shape} {r.context} | {r.triton_us:.1f} | {r.triton_tb_per_s:.2f} | "
-            f"{100 * r.fraction_of_copy:.1f} % | {flashinfer} | {ratio} | {versus} |"
+            f"{100 * r.fraction_of_copy:.1f} % | {flashinfer} | {ratio} | "
+            f"{_versus_decode(r, decode, 'triton_us')} |"
         )
+        if graphs:
+            graph = "—" if r.triton_graph_us is None else f"{r.triton_graph_us:.1f}"
+            line += f" {graph} | {_versus_decode(r, decode, 'triton_graph_us')} |"
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -2,7 +2,12 @@
 
 Each timed run starts after a write to a buffer larger than the L2 (60 MB on the
 H200), so no run reads the previous run's KV from cache; the flush itself is
-outside the timed interval.
+outside the timed interval. A spin kernel then keeps the GPU busy while the host
+enqueues the timed launch, so the interval holds the kernels' time only: without it,
+a launch whose Python work outlasts the flush (about 70 us) is timed with the host's
+gap in front of it, as the H200 showed (Gemma 4 e2b draft at 64 x 8k: 193.9 us median,
+p10 172.1, p90 212.1 eager against 147.9 us replayed from a CUDA graph). Host launch
+cost is what ``bench_attention --cuda-graph`` and the engine's step timings measure.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ import torch
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 COPY_BYTES = 1024 * 1024 * 1024
+HOST_LEAD_CYCLES = 1_000_000
+"""GPU clock cycles the spin kernel waits before each timed run (about 0.5 ms on the H200),
+longer than any backend's host-side launch work."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,8 @@ class Timing:
 
 
 def time_cuda(run: Callable[[], object], *, warmup: int, runs: int, flush: torch.Tensor) -> Timing:
-    """Time ``run`` ``runs`` times after ``warmup`` untimed calls, flushing L2 before each."""
+    """Time ``run`` ``runs`` times after ``warmup`` untimed calls, flushing L2 before each and
+    starting each interval with the run's kernels already enqueued (see the module docstring)."""
     for _ in range(warmup):
         run()
     torch.cuda.synchronize()
@@ -50,6 +59,7 @@ def time_cuda(run: Callable[[], object], *, warmup: int, runs: int, flush: torch
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
     for start, end in zip(starts, ends, strict=True):
         flush.zero_()
+        torch.cuda._sleep(HOST_LEAD_CYCLES)
         start.record()
         run()
         end.record()

@@ -51,12 +51,13 @@ few requests over long contexts need more to fill one wave on the H200: 16 x 32k
 took 24)."""
 MIN_LAUNCH_GRID_SIZE_2D = 128
 """Default 3D threshold numerator: ``seq_threshold_3d = 128 // num_kv_heads`` as in vLLM."""
-MIN_SEGMENTS_3D = 6
+MIN_SEGMENTS_3D = 4
 """Split-KV launches take the fewest whole waves that give every (q-block, KV head) at least
-this many segments. Measured on the H200 (benchmarks.tune_attention, Gemma 4 head 256 and 512
-at 64 x 8k and 16 x 32k, 4 to 32 segments): every fastest count was the one that filled whole
-waves of resident programs (a launch of 1.3 waves ran up to 20 % slower than one of 0.97), and
-one wave at 6 segments beat two at 12."""
+this many segments. Measured on the H200 (benchmarks.tune_attention, Gemma 4 head 256 and 512,
+decode and verify at 64 x 8k and 16 x 32k, 4 to 32 segments): every fastest count was the one
+that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20 % slower than
+one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
+for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us)."""
 H200_SMS = 132
 H200_WAVE_SLOTS = 3 * H200_SMS
 """Programs the H200 holds at once for the head-256 decode kernel (168 registers per thread and

@@ -10,7 +10,9 @@ import pytest
 from benchmarks.table import main
 
 
-def _case_metrics(key: str, triton_us: float, flashinfer_us: float | None) -> list[dict]:
+def _case_metrics(
+    key: str, triton_us: float, flashinfer_us: float | None, graph_us: float | None = None
+) -> list[dict]:
     metrics = [
         {"name": f"{key}.triton.latency", "value": triton_us},
         {"name": f"{key}.triton.kv_read_bandwidth", "value": 3.5},
@@ -18,6 +20,8 @@ def _case_metrics(key: str, triton_us: float, flashinfer_us: float | None) -> li
     ]
     if flashinfer_us is not None:
         metrics.append({"name": f"{key}.flashinfer.latency", "value": flashinfer_us})
+    if graph_us is not None:
+        metrics.append({"name": f"{key}.triton.graph_latency", "value": graph_us})
     return metrics
 
 
@@ -39,6 +43,23 @@ def test_table_rows_and_side_by_side_ratios(run_file: Path, capsys) -> None:
         "| decode gemma4-e2b-sliding-d256 b64x8k | 160.0 | 3.50 | 82.0 % | 128.0 | 1.25 |  |",
         "| verify gemma4-e2b-sliding-d256 b64x8k | 200.0 | 3.50 | 82.0 % | — | — | 1.25 |",
     ]
+
+
+def test_graph_columns_when_the_run_replayed_cuda_graphs(tmp_path: Path, capsys) -> None:
+    metrics = [
+        *_case_metrics("decode.s.b64x8k", 160.0, 128.0, graph_us=150.0),
+        *_case_metrics("verify.s.b64x8k", 200.0, 1000.0, graph_us=180.0),
+        *_case_metrics("draft.s.b64x8k", 170.0, 150.0),
+    ]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(metrics))
+    assert main([str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("| Triton graph us | graph vs decode |")
+    assert lines[1].count("---") == 9
+    assert lines[2].endswith("| 1.25 |  | 150.0 |  |")
+    assert lines[3].endswith("| 0.20 | 1.25 | 180.0 | 1.20 |")
+    assert lines[4].endswith("| 1.13 | 1.06 | — | — |")
 
 
 @pytest.mark.parametrize(

@@ -126,14 +126,17 @@ def test_verify_reads_kv_once_per_request(
 
 
 # The fastest segment counts of benchmarks.tune_attention on the H200 (4 to 32 segments swept):
-# (KV programs = requests x KV heads, tiles of the context, wave slots, fastest segments).
+# (KV programs = q-blocks x KV heads, tiles of the context, wave slots, fastest segments).
 MEASURED_SEGMENT_OPTIMA = {
-    "e2b-d256-64x8k": (64, 128, 3 * H200_SMS, 6),
-    "e2b-d256-16x32k": (16, 512, 3 * H200_SMS, 24),
-    "e4b-d256-64x8k": (128, 128, 3 * H200_SMS, 6),
-    "e4b-d256-16x32k": (32, 512, 3 * H200_SMS, 12),
-    "e2b-d512-64x8k": (64, 256, 2 * H200_SMS, 8),
-    "e2b-d512-16x32k": (16, 1024, 2 * H200_SMS, 16),
+    "e2b-d256-decode-64x8k": (64, 128, 3 * H200_SMS, 6),
+    "e2b-d256-decode-16x32k": (16, 512, 3 * H200_SMS, 24),
+    "e4b-d256-decode-64x8k": (128, 128, 3 * H200_SMS, 6),
+    "e4b-d256-decode-16x32k": (32, 512, 3 * H200_SMS, 12),
+    "e2b-d512-decode-64x8k": (64, 256, 2 * H200_SMS, 4),
+    "e2b-d512-decode-16x32k": (16, 1024, 2 * H200_SMS, 16),
+    "e2b-d256-verify-64x8k": (64, 128, 2 * H200_SMS, 4),
+    "e2b-d512-verify-64x8k": (64, 256, 2 * H200_SMS, 4),
+    "e2b-d512-verify-16x32k": (16, 1024, 2 * H200_SMS, 16),
 }
 
 
