@@ -60,12 +60,12 @@ def load_cases(metrics: Sequence[dict]) -> list[CaseResult]:
     return results
 
 
-def _versus_decode(result: CaseResult, decode: CaseResult | None, latency: str) -> str:
-    """``result``'s latency over its shape's decode latency (the attribute ``latency``)."""
-    if result.mode == "decode" or decode is None:
-        return ""
-    mine, decodes = getattr(result, latency), getattr(decode, latency)
-    return "—" if mine is None or decodes is None else f"{mine / decodes:.2f}"
+def _microseconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> str:
+    return "—" if numerator is None or denominator is None else f"{numerator / denominator:.2f}"
 
 
 def markdown_table(results: Sequence[CaseResult]) -> str:
@@ -78,17 +78,19 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
         header += " Triton graph us | graph vs decode |"
     lines = [header, "|" + " --- |" * (header.count("|") - 1)]
     for r in results:
-        flashinfer = "—" if r.flashinfer_us is None else f"{r.flashinfer_us:.1f}"
-        ratio = "—" if r.flashinfer_us is None else f"{r.triton_us / r.flashinfer_us:.2f}"
         decode = by_key.get(("decode", r.shape, r.context))
+        versus_decode = r.mode != "decode" and decode is not None
         line = (
             f"| {r.mode} {r.shape} {r.context} | {r.triton_us:.1f} | {r.triton_tb_per_s:.2f} | "
-            f"{100 * r.fraction_of_copy:.1f} % | {flashinfer} | {ratio} | "
-            f"{_versus_decode(r, decode, 'triton_us')} |"
+            f"{100 * r.fraction_of_copy:.1f} % | {_microseconds(r.flashinfer_us)} | "
+            f"{_ratio(r.triton_us, r.flashinfer_us)} | "
+            f"{_ratio(r.triton_us, decode.triton_us) if versus_decode else ''} |"
         )
         if graphs:
-            graph = "—" if r.triton_graph_us is None else f"{r.triton_graph_us:.1f}"
-            line += f" {graph} | {_versus_decode(r, decode, 'triton_graph_us')} |"
+            graph_versus = (
+                _ratio(r.triton_graph_us, decode.triton_graph_us) if versus_decode else ""
+            )
+            line += f" {_microseconds(r.triton_graph_us)} | {graph_versus} |"
         lines.append(line)
     return "\n".join(lines)
 
