@@ -62,12 +62,7 @@ def knobs_from_environment() -> Knobs:
     )
 
 
-def _repo_root(given: str | None) -> Path:
-    if given:
-        root = Path(given)
-        if not root.is_dir():
-            raise CIInputError(f"--repo {given!r} is not a directory")
-        return root.resolve()
+def _git_top_level() -> Path:
     try:
         found = subprocess.run(
             ["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True, check=False
@@ -77,18 +72,48 @@ def _repo_root(given: str | None) -> Path:
     return Path(found.stdout.strip()) if found.returncode == 0 else Path.cwd()
 
 
+def _config_path(given: str | None, repo: Path | None) -> Path:
+    """``--config`` as given (relative to the cwd, else to ``--repo``), or the default."""
+    if given is None:
+        return (repo or _git_top_level()) / DEFAULT_CONFIG
+    path = Path(given)
+    if not path.is_absolute() and not path.exists() and repo is not None:
+        path = repo / path
+    if path.is_dir():
+        raise CIInputError(f"run configuration {given} is a directory; pass its ci_config.yaml")
+    if not path.is_file():
+        raise CIInputError(f"run configuration {path} does not exist (use --config)")
+    return path.resolve()
+
+
+def _root_for(config_path: Path, config: RunConfig) -> Path:
+    """The nearest directory above the configuration that holds every job_dirs entry.
+
+    vLLM keeps ``.buildkite/ci_config.yaml`` with ``job_dirs: [.buildkite/...]``, this project
+    ``ci/ci_config.yaml`` with ``job_dirs: [ci/test_areas]``: both find the repository root.
+    """
+    for directory in config_path.parents:
+        if all((directory / job_dir).is_dir() for job_dir in config.job_dirs):
+            return directory
+    return _git_top_level()
+
+
 def _load(args: argparse.Namespace) -> tuple[Path, RunConfig, TestAreas]:
-    root = _repo_root(args.repo)
-    config_path = Path(args.config) if args.config else root / DEFAULT_CONFIG
-    if not config_path.is_absolute():
-        config_path = root / config_path
-    if not config_path.is_file():
-        raise CIInputError(f"run configuration {config_path} does not exist (use --config)")
+    repo = None
+    if args.repo:
+        repo = Path(args.repo)
+        if not repo.is_dir():
+            raise CIInputError(f"--repo {args.repo!r} is not a directory")
+        repo = repo.resolve()
+    config_path = _config_path(args.config, repo)
     try:
-        display = config_path.relative_to(root).as_posix()
+        display = config_path.relative_to(repo or Path.cwd().resolve()).as_posix()
     except ValueError:
         display = str(config_path)
     config = load_run_config(config_path, display)
+    root = repo or _root_for(config_path, config)
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     areas = load_test_areas(config, root)
     for warning in areas.warnings:
         print(f"warning: {warning}", file=sys.stderr)

@@ -4,7 +4,10 @@ vLLM's generator builds a pydantic model without ``extra="forbid"``, so a misspe
 ``num_gpus`` is silently dropped and the step runs on the wrong hardware or never. Here every
 key is known, every value is type-checked, and each problem is reported with file and line.
 Keys that only vLLM's retired Jinja pipeline read (``gpu``, ``num_gpus``, ...) load with a
-warning by default so vLLM's own files load; ``legacy_keys: error`` makes them errors.
+warning by default so vLLM's own files load; ``legacy_keys: error`` makes them errors. A key
+nobody knows yet (the next vLLM release's) follows ``unknown_keys``: ``warn`` (the default, so
+an upstream addition never stops a load) names file, line and key and ignores it; ``error``
+(this project's own configuration) refuses it. Wrong types are errors under either policy.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ def _is_any(value: Any) -> str | None:
     return None
 
 
-# Step keys this harness understands, with their value checks.
+# Step keys this harness understands, with their value checks (every key vLLM 0.34.0 uses).
 STEP_FIELDS: dict[str, Checker] = {
     "label": _is_str,
     "key": _is_str,
@@ -88,6 +91,10 @@ STEP_FIELDS: dict[str, Checker] = {
     "num_devices": _is_positive_int,
     "num_nodes": _is_positive_int,
     "agent_tags": _is_str_map,
+    # Buildkite agent tags given verbatim; they win over device_agents and agent_tags.
+    "agents": _is_str_map,
+    # vLLM's runtime sharding by test durations (ci-infra runtime_shard.py); read, not emitted.
+    "automatic_shard": _is_bool,
     "timeout_in_minutes": _is_positive_int,
     "optional": _is_bool,
     "soft_fail": _is_soft_fail,
@@ -125,6 +132,11 @@ MIRROR_FIELDS: dict[str, Checker] = {
         "parallelism",
         "no_gpu",
         "optional",
+        "automatic_shard",
+        "agent_tags",
+        "num_nodes",
+        "concurrency",
+        "concurrency_group",
     )
 }
 MIRROR_TARGETS = ("amd",)
@@ -159,17 +171,18 @@ ALIASES: dict[str, str] = {
     "queue": "device",
 }
 
-_KEY_STRIP = re.compile(r"[():,+./%]")
-_KEY_INVALID = re.compile(r"[^a-zA-Z0-9_\-]")
+_KEY_DROPPED = str.maketrans("", "", "()%")
+_KEY_DASHED = str.maketrans(",+:./", "-----")
 
 
 def derive_step_key(label: str) -> str:
-    """vLLM's key for a step without one (spaces -> '-', lowercase, ``():,+./%`` dropped).
+    """vLLM's key for a step without one (ci-infra ``_generate_step_key``).
 
-    Characters Buildkite rejects in keys are dropped as well, so a derived key is always valid.
+    Spaces become '-', the label is lowercased, ``(``, ``)`` and ``%`` are dropped and each of
+    ``,+:./`` becomes '-': "CPU-Distributed Tests (PP+TP)" -> "cpu-distributed-tests-pp-tp".
+    Other characters stay, exactly as vLLM keeps them (lint reports keys Buildkite rejects).
     """
-    key = _KEY_STRIP.sub("", label.lower().replace(" ", "-"))
-    return _KEY_INVALID.sub("", key)
+    return label.replace(" ", "-").lower().translate(_KEY_DROPPED).translate(_KEY_DASHED)
 
 
 def suggest(name: str, known: list[str]) -> str:
@@ -196,17 +209,26 @@ class Step:
     num_devices: int | None = None
     num_nodes: int | None = None
     agent_tags: Mapping[str, str] = field(default_factory=dict)
+    agents: Mapping[str, str] = field(default_factory=dict)
     working_dir: str | None = None
     optional: bool = False
     no_gpu: bool = False
+    # AMD runs in a Docker-in-Docker container (True) or natively (False/None), as in vLLM.
+    dind: bool | None = None
+    # vLLM adds a step's own YAML file to its dependencies only when the file's group
+    # ``depends_on`` is non-empty (ci-infra step.py ``read_steps_from_job_dir``).
+    own_file_is_dependency: bool = True
+    # The mirror target (``amd``) this step was generated for, None for a step of a file.
+    mirror_target: str | None = None
     # Keys handed to Buildkite unchanged (timeout_in_minutes, retry, env, parallelism, ...).
     passthrough: Mapping[str, Any] = field(default_factory=dict)
     mirror: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def dependencies(self) -> tuple[str, ...]:
-        """Declared path entries plus the step's own YAML file (a change to it re-runs it)."""
-        return (*self.source_file_dependencies, self.file)
+        """Declared path entries, plus the step's own YAML file where vLLM adds it."""
+        own = (self.file,) if self.own_file_is_dependency else ()
+        return (*self.source_file_dependencies, *own)
 
 
 PASSTHROUGH_KEYS = (
@@ -221,6 +243,17 @@ PASSTHROUGH_KEYS = (
     "if",
     "allow_dependency_failure",
 )
+
+
+@dataclass(frozen=True)
+class KeyPolicy:
+    """How keys outside the known tables are treated: ``warn`` (load, say so) or ``error``."""
+
+    legacy_keys: str = "warn"
+    unknown_keys: str = "warn"
+
+
+POLICY_VALUES = ("warn", "error")
 
 
 @dataclass(frozen=True)
@@ -240,8 +273,11 @@ class RunConfig:
     job_dirs: tuple[str, ...]
     run_all_patterns: tuple[re.Pattern[str], ...] = ()
     run_all_exclude_patterns: tuple[re.Pattern[str], ...] = ()
+    # A change matching one of these (and no exclude pattern) runs every AMD step.
+    amd_run_all_patterns: tuple[re.Pattern[str], ...] = ()
     name: str = "ci"
     legacy_keys: str = "warn"
+    unknown_keys: str = "warn"
     default_working_dir: str | None = None
     workspace_root: str | None = None
     device_agents: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -249,8 +285,14 @@ class RunConfig:
     dependency_check: DependencyCheckConfig = field(default_factory=DependencyCheckConfig)
     # Step keys another pipeline provides (vLLM's AMD image build), valid as depends_on targets.
     external_step_keys: tuple[str, ...] = ()
-    # Mirror targets (``amd``) whose steps are emitted next to their parents.
-    mirrors: tuple[str, ...] = ()
+    # Mirror targets (``amd``) whose steps are emitted next to their parents; vLLM emits all.
+    mirrors: tuple[str, ...] = MIRROR_TARGETS
+    # Problems that did not stop the load (unknown keys under ``unknown_keys: warn``).
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def key_policy(self) -> KeyPolicy:
+        return KeyPolicy(legacy_keys=self.legacy_keys, unknown_keys=self.unknown_keys)
 
 
 @dataclass(frozen=True)
@@ -290,30 +332,36 @@ def _check_keys(
     where: str,
     path: str,
     problems: Problems,
-    legacy: Mapping[str, str | None],
-    legacy_policy: str,
+    policy: KeyPolicy,
+    legacy: Mapping[str, str | None] | None = None,
 ) -> None:
     """Unknown keys, legacy keys and value types of one mapping."""
     known = sorted(fields)
+    legacy = legacy or {}
     for name, value in mapping.items():
         line = line_of(mapping, name)
         if name in fields:
             expected = fields[name](value)
             if expected:
                 problems.error(f"{where}: {name!r} must be {expected}, got {value!r}", path, line)
-        elif isinstance(name, str) and name in legacy and legacy_policy == "warn":
+        elif isinstance(name, str) and name in legacy and policy.legacy_keys == "warn":
             modern = legacy[name]
             hint = f"; use {modern!r}" if modern else ""
             problems.warnings.append(
                 f"{Location(path, line)}: {where}: legacy key {name!r} is ignored by vLLM's "
                 f"current generator and by this harness{hint}"
             )
+        elif name not in legacy and policy.unknown_keys == "warn":
+            problems.warnings.append(
+                f"{Location(path, line)}: {where}: unknown key {name!r} is ignored "
+                f"(unknown_keys: warn){suggest(str(name), known)}"
+            )
         else:
             problems.error(f"{where}: unknown key {name!r}{suggest(str(name), known)}", path, line)
 
 
 def _load_mirror(
-    step_raw: Mapping[str, Any], where: str, path: str, problems: Problems, policy: str
+    step_raw: Mapping[str, Any], where: str, path: str, problems: Problems, policy: KeyPolicy
 ) -> dict[str, Mapping[str, Any]]:
     mirror = step_raw.get("mirror") or {}
     if not isinstance(mirror, Mapping):
@@ -321,7 +369,7 @@ def _load_mirror(
     result = {}
     for target, body in mirror.items():
         line = line_of(mirror, target)
-        if target in LEGACY_MIRROR_TARGETS and policy == "warn":
+        if target in LEGACY_MIRROR_TARGETS and policy.legacy_keys == "warn":
             problems.warnings.append(
                 f"{Location(path, line)}: {where}: legacy mirror {target!r} is ignored"
             )
@@ -336,7 +384,7 @@ def _load_mirror(
         if not isinstance(body, Mapping):
             problems.error(f"{where}: mirror {target!r} must be a mapping", path, line)
             continue
-        _check_keys(body, MIRROR_FIELDS, f"{where} mirror {target}", path, problems, {}, "error")
+        _check_keys(body, MIRROR_FIELDS, f"{where} mirror {target}", path, problems, policy)
         result[target] = to_plain(body)
     return result
 
@@ -348,7 +396,7 @@ def _load_step(
     path: str,
     index: int,
     problems: Problems,
-    policy: str,
+    policy: KeyPolicy,
 ) -> Step | None:
     if not isinstance(raw, Mapping):
         problems.error(f"step {index + 1} must be a mapping, got {raw!r}", path, 0)
@@ -357,7 +405,7 @@ def _load_step(
     label = raw.get("label")
     where = f"step {label!r}" if isinstance(label, str) else f"step {index + 1}"
     errors_before = len(problems.errors)
-    _check_keys(raw, STEP_FIELDS, where, path, problems, LEGACY_STEP_KEYS, policy)
+    _check_keys(raw, STEP_FIELDS, where, path, problems, policy, LEGACY_STEP_KEYS)
     for required in ("label", "commands"):
         if required not in raw:
             problems.error(f"{where}: missing required key {required!r}", path, line)
@@ -383,20 +431,23 @@ def _load_step(
         commands=tuple(raw["commands"]),
         source_file_dependencies=tuple(raw.get("source_file_dependencies") or ()),
         depends_on=tuple(raw.get("depends_on") or file_depends_on),
+        own_file_is_dependency=bool(file_depends_on),
         device=raw.get("device"),
         num_devices=raw.get("num_devices"),
         num_nodes=raw.get("num_nodes"),
         agent_tags=dict(raw.get("agent_tags") or {}),
+        agents=dict(raw.get("agents") or {}),
         working_dir=raw.get("working_dir"),
         optional=raw.get("optional", False),
         no_gpu=raw.get("no_gpu", False),
+        dind=raw.get("dind"),
         passthrough={name: to_plain(raw[name]) for name in PASSTHROUGH_KEYS if name in raw},
         mirror=mirror,
     )
 
 
 def load_test_area_file(
-    file_path: Path, display_path: str, legacy_keys: str = "warn"
+    file_path: Path, display_path: str, policy: KeyPolicy = KeyPolicy()
 ) -> tuple[list[Step], list[str]]:
     """Steps of one test-area file and its warnings; all errors raised together."""
     problems = Problems()
@@ -405,14 +456,14 @@ def load_test_area_file(
         raise CIInputError(
             "a test-area file must be a mapping with 'steps'", Location(display_path)
         )
-    _check_keys(data, FILE_FIELDS, "file", display_path, problems, {}, "error")
+    _check_keys(data, FILE_FIELDS, "file", display_path, problems, policy)
     if "steps" not in data:
         problems.error("missing required key 'steps'", display_path, getattr(data, "line", 0))
     problems.raise_if_any()
     group = data.get("group") or ""
     file_depends_on = tuple(data.get("depends_on") or ())
     steps = [
-        _load_step(raw, group, file_depends_on, display_path, index, problems, legacy_keys)
+        _load_step(raw, group, file_depends_on, display_path, index, problems, policy)
         for index, raw in enumerate(data["steps"])
     ]
     problems.raise_if_any()
@@ -426,7 +477,10 @@ RUN_CONFIG_FIELDS: dict[str, Checker] = {
     "run_all_exclude_patterns": _is_str_list,
     "registries": _is_any,
     "repositories": _is_any,
-    "legacy_keys": lambda value: None if value in ("warn", "error") else "'warn' or 'error'",
+    "github_repo_name": _is_str,
+    "legacy_keys": lambda value: None if value in POLICY_VALUES else "'warn' or 'error'",
+    "unknown_keys": lambda value: None if value in POLICY_VALUES else "'warn' or 'error'",
+    "amd_run_all_patterns": _is_str_list,
     "default_working_dir": _is_str,
     "workspace_root": _is_str,
     "device_agents": lambda value: (
@@ -475,24 +529,33 @@ def load_run_config(config_path: Path, display_path: str | None = None) -> RunCo
     if not isinstance(data, Mapping):
         raise CIInputError("the run configuration must be a mapping", Location(display))
     problems = Problems()
-    _check_keys(data, RUN_CONFIG_FIELDS, "ci_config", display, problems, {}, "error")
+    policy = KeyPolicy(
+        legacy_keys="error",
+        unknown_keys=data.get("unknown_keys")
+        if data.get("unknown_keys") in POLICY_VALUES
+        else "warn",
+    )
+    _check_keys(data, RUN_CONFIG_FIELDS, "ci_config", display, problems, policy)
     if "job_dirs" not in data:
         problems.error("missing required key 'job_dirs'", display, getattr(data, "line", 0))
     check_raw = data.get("dependency_check") or {}
     if isinstance(check_raw, Mapping):
         _check_keys(
-            check_raw, DEPENDENCY_CHECK_FIELDS, "dependency_check", display, problems, {}, "error"
+            check_raw, DEPENDENCY_CHECK_FIELDS, "dependency_check", display, problems, policy
         )
     run_all = _compile_patterns(data, "run_all_patterns", display, problems)
     run_all_exclude = _compile_patterns(data, "run_all_exclude_patterns", display, problems)
+    amd_run_all = _compile_patterns(data, "amd_run_all_patterns", display, problems)
     problems.raise_if_any()
     return RunConfig(
         path=display,
         job_dirs=tuple(data["job_dirs"]),
         run_all_patterns=run_all,
         run_all_exclude_patterns=run_all_exclude,
+        amd_run_all_patterns=amd_run_all,
         name=data.get("name", "ci"),
         legacy_keys=data.get("legacy_keys", "warn"),
+        unknown_keys=policy.unknown_keys,
         default_working_dir=data.get("default_working_dir"),
         workspace_root=data.get("workspace_root"),
         device_agents={
@@ -505,5 +568,6 @@ def load_run_config(config_path: Path, display_path: str | None = None) -> RunCo
             ignore={key: dict(paths) for key, paths in (check_raw.get("ignore") or {}).items()},
         ),
         external_step_keys=tuple(data.get("external_step_keys") or ()),
-        mirrors=tuple(data.get("mirrors") or ()),
+        mirrors=tuple(data["mirrors"]) if "mirrors" in data else MIRROR_TARGETS,
+        warnings=tuple(problems.warnings),
     )

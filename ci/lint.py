@@ -17,6 +17,7 @@ def lint_warnings(config: RunConfig, areas: TestAreas) -> list[str]:
     for patterns, name in (
         (config.run_all_patterns, "run_all_patterns"),
         (config.run_all_exclude_patterns, "run_all_exclude_patterns"),
+        (config.amd_run_all_patterns, "amd_run_all_patterns"),
     ):
         warnings.extend(
             f"{config.path}: {name}: {pattern.pattern!r} has an unescaped '.', which matches "

@@ -18,6 +18,7 @@ run_all_patterns:
   - "setup\\\\.py$"
 run_all_exclude_patterns: []
 legacy_keys: error
+unknown_keys: error
 device_agents:
   cpu:
     queue: cpu

@@ -130,7 +130,7 @@ def test_select_json_and_explain_on_a_change(repo):
             "key": "docs",
             "label": "Docs build",
             "selected": False,
-            "why": ["no changed file matches its 2 dependency entries"],
+            "why": ["no changed file matches its 1 dependency entries"],
         },
     ]
     explained = run_cli("select", "--repo", str(repo), "--base", "HEAD~1", "--explain")

@@ -8,6 +8,7 @@ import pytest
 
 from ci.areas import load_test_areas
 from ci.config import (
+    KeyPolicy,
     derive_step_key,
     load_run_config,
     load_test_area_file,
@@ -66,9 +67,12 @@ def test_legacy_keys_warn_by_default_with_the_modern_key():
     assert all(step.num_devices is None for step in steps), "legacy keys have no effect"
 
 
-def _area(tmp_path: Path, text: str, legacy: str = "error") -> tuple[list, list[str]]:
+STRICT = KeyPolicy(legacy_keys="error", unknown_keys="error")
+
+
+def _area(tmp_path: Path, text: str, policy: KeyPolicy = STRICT) -> tuple[list, list[str]]:
     write_tree(tmp_path, {"area.yaml": text})
-    return load_test_area_file(tmp_path / "area.yaml", "area.yaml", legacy)
+    return load_test_area_file(tmp_path / "area.yaml", "area.yaml", policy)
 
 
 def test_unknown_key_names_file_line_and_near_miss(tmp_path):
@@ -141,7 +145,7 @@ def test_step_fields_and_own_file_dependency(tmp_path):
         """,
     )
     (step,) = steps
-    assert step.key == "kernels-gpu-12"
+    assert step.key == "kernels-gpu-1-2"
     assert step.depends_on == ("image-build",)
     assert step.dependencies == ("kernels/", "!kernels/docs/", "area.yaml")
     assert step.passthrough == {"parallelism": 2}
@@ -150,22 +154,26 @@ def test_step_fields_and_own_file_dependency(tmp_path):
 @pytest.mark.parametrize(
     ("label", "key"),
     [
-        (":nvidia: (H200 MIG 35GB) V1 Spec Decode", "nvidia-h200-mig-35gb-v1-spec-decode"),
-        ("Kernels & Co", "kernels--co"),
+        ("CPU-Distributed Tests (PP+TP)", "cpu-distributed-tests-pp-tp"),
+        (":nvidia: (H200 MIG 35GB) V1 Spec Decode", "-nvidia--h200-mig-35gb-v1-spec-decode"),
+        ("Kernels (GPU) 1/2", "kernels-gpu-1-2"),
+        ("LoRA 50%, v0.1", "lora-50--v0-1"),
     ],
-    ids=["vllm-label", "invalid-characters-dropped"],
+    ids=["plus-becomes-dash", "colons-become-dashes", "slash", "percent-dropped-comma-dot"],
 )
-def test_derived_key(label, key):
+def test_derived_key_is_vllms(label, key):
+    """ci-infra buildkite_step.py ``_generate_step_key``, character for character."""
     assert derive_step_key(label) == key
 
 
-def test_mirrors_are_added_with_union_dependencies(tmp_path):
+def test_mirrors_are_built_as_vllm_builds_them(tmp_path):
     write_tree(
         tmp_path,
         {
-            "ci_config.yaml": "job_dirs: [areas]\nmirrors: [amd]\nexternal_step_keys: [image-build-amd]\n",
+            "ci_config.yaml": "job_dirs: [areas]\nexternal_step_keys: [image-build, image-build-amd]\n",
             "areas/spec.yaml": """\
             group: Spec
+            depends_on: [image-build]
             steps:
               - label: Spec decode
                 key: spec
@@ -175,21 +183,36 @@ def test_mirrors_are_added_with_union_dependencies(tmp_path):
                 commands: [pytest spec]
                 mirror:
                   amd:
-                    label: Spec decode (MI300)
                     device: mi300_1
                     timeout_in_minutes: 50
-                    depends_on: [image-build-amd]
+                    depends_on: [image-build]
                     source_file_dependencies: [kernels/, platforms/rocm.py]
+              - label: Spec decode MI355
+                device: h200
+                commands: [pytest spec]
+                mirror:
+                  amd:
+                    label: Spec decode on MI355
+                    device: mi355_1
+                    dind: false
             """,
         },
     )
     config = load_run_config(tmp_path / "ci_config.yaml", "ci_config.yaml")
-    parent, mirror = load_test_areas(config, tmp_path).steps
-    assert (mirror.key, mirror.label, mirror.device) == (
-        "spec-amd",
-        "Spec decode (MI300)",
+    assert config.mirrors == ("amd",), "mirrors are emitted unless the configuration says not"
+    parent, mirror, _, labelled = load_test_areas(config, tmp_path).steps
+    assert (mirror.key, mirror.label, mirror.device, mirror.dind) == (
+        "amd-spec",
+        "AMD: Spec decode (mi300_1)",
         "mi300_1",
+        True,
     )
     assert mirror.dependencies == ("kernels/", "platforms/rocm.py", "areas/spec.yaml")
     assert mirror.commands == parent.commands and mirror.depends_on == ("image-build-amd",)
     assert mirror.passthrough == {"timeout_in_minutes": 50}
+    assert (labelled.key, labelled.label, labelled.dind) == (
+        "amd-spec-decode-mi355",
+        "Spec decode on MI355",
+        False,
+    )
+    assert labelled.depends_on == ("image-build-amd",)
