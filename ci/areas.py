@@ -120,8 +120,8 @@ def load_test_areas(config: RunConfig, repo_root: Path) -> TestAreas:
             )
         problems.warnings.extend(warnings)
     if failed_keys is None:
-        problems.warnings.append(
-            "depends_on references were not checked: a test-area file is not valid YAML"
+        problems.errors.append(
+            CIInputError("depends_on references were not checked: a test-area file is not YAML")
         )
         _check_unique_keys(steps, problems)
     else:

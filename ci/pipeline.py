@@ -21,6 +21,8 @@ MAX_STEPS_PER_UPLOAD = 500
 def agents_for(step: Step, config: RunConfig) -> dict[str, str]:
     """Agent tags for a step: ``device_agents[device:num_devices]``, then ``[device]``.
 
+    ``agent_tags`` are added to those, and a step's own Buildkite ``agents`` win over both.
+
     With no ``device_agents`` configured a device name is taken as the queue name. A device the
     mapping does not know is an error: it would otherwise wait forever for a missing queue.
     """
@@ -39,7 +41,7 @@ def agents_for(step: Step, config: RunConfig) -> dict[str, str]:
                 f"device_agents of {config.path} (known: {known})"
             )
         tags = dict(mapped)
-    return {**tags, **step.agent_tags}
+    return {**tags, **step.agent_tags, **step.agents}
 
 
 def _commands(step: Step, config: RunConfig) -> list[str]:

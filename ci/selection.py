@@ -1,13 +1,27 @@
 """Which steps a change runs, by vLLM's current rules, with the reason for every decision.
 
-Matching is a path-component prefix (``vllm/attention`` matches ``vllm/attention/x.py`` but
-not ``vllm/attention_utils.py``); ``!entry`` excludes; a step's own YAML file is one of its
-dependencies; ``run_all_patterns`` are regular expressions anchored at the start.
+The rules and their order follow vLLM's pipeline generator (vllm-project/ci-infra,
+``buildkite/pipeline_generator/``: ``buildkite_step.py`` ``_step_should_run``,
+``_source_file_dependencies_match`` and ``convert_group_step_to_buildkite_step``; ``amd.py``
+``_amd_mirror_should_run``; ``global_config.py`` ``_should_run_all``; ``pipeline_generator.py``
+``is_docs_only_change`` and ``select_steps_and_dependencies``):
+
+1. a docs-only change skips every step (unless DOCS_ONLY_DISABLE, RUN_ALL or a run-all file);
+2. ``image-build*`` steps and the AMD base steps always run;
+3. NIGHTLY=1 runs every step; otherwise an ``optional`` step does not run;
+4. an AMD mirror runs whenever the ROCm base Dockerfile changes (optional mirrors too);
+5. a native (not ``dind``) AMD GPU step runs when the AMD test wrapper changes;
+6. RUN_ALL=1 or a ``run_all_patterns`` match (``re.match``, minus ``run_all_exclude_patterns``)
+   runs every step; an ``amd_run_all_patterns`` match runs every AMD step;
+7. otherwise a changed path must equal or lie below a dependency entry (path components, no
+   globs; ``!entry`` excludes). A step's own YAML file is a dependency only when its file's
+   group ``depends_on`` is non-empty.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -15,7 +29,24 @@ from ci.changes import ChangeSet
 from ci.config import RunConfig, Step, TestAreas, suggest
 from ci.errors import CIInputError
 
-DOCS_FILES = ("mkdocs.yaml",)
+DOCS_FILES = ("mkdocs.yml", "mkdocs.yaml")
+# vLLM's always-run steps (buildkite_step.py; amd.py AMD_ALWAYS_RUN_STEP_KEYS).
+ALWAYS_RUN_PREFIX = "image-build"
+ALWAYS_RUN_KEYS = frozenset({"ensure-ci-base-amd", "refresh-rocm-base-amd"})
+# amd.py: AMD_ROCM_BASE_DOCKERFILE and AMD_NATIVE_RUNTIME_SOURCE_DEPENDENCIES.
+ROCM_BASE_DOCKERFILE = "docker/Dockerfile.rocm_base"
+AMD_NATIVE_RUNTIME_DEPENDENCIES = (".buildkite/scripts/hardware_ci/run-amd-test.sh",)
+# amd.py AMD_DEVICE_CONFIGS names mi250/mi300/mi325/mi355 x 1/2/4/8; 0.34.0 adds mi355_dpx.
+_AMD_GPU_DEVICE = re.compile(r"mi\d+_\w+")
+
+
+def is_amd_gpu_device(device: str | None) -> bool:
+    return bool(device and _AMD_GPU_DEVICE.fullmatch(device))
+
+
+def is_amd_step(step: Step) -> bool:
+    """An AMD mirror or a step that runs on an AMD GPU itself."""
+    return step.mirror_target == "amd" or is_amd_gpu_device(step.device)
 
 
 def matches_dependency(entry: str, path: str) -> bool:
@@ -93,14 +124,28 @@ class Selection:
         return {decision.key for decision in self.decisions if decision.selected}
 
 
-def _run_all_trigger(config: RunConfig, files: Sequence[str]) -> str | None:
+def _run_all_trigger(
+    patterns: Sequence[re.Pattern[str]], config: RunConfig, files: Sequence[str], name: str
+) -> str | None:
+    """vLLM's ``_should_run_all``: a file matching a pattern and no exclude pattern."""
     for path in files:
-        for pattern in config.run_all_patterns:
+        for pattern in patterns:
             if pattern.match(path) and not any(
                 exclude.match(path) for exclude in config.run_all_exclude_patterns
             ):
-                return f"{path!r} matches run_all pattern {pattern.pattern!r}"
+                return f"{path!r} matches {name} pattern {pattern.pattern!r}"
     return None
+
+
+@dataclass(frozen=True)
+class _ChangeFacts:
+    """What the changed files mean for every step, computed once per selection."""
+
+    run_all: str | None  # why every step runs (knob, fail-safe, run_all_patterns), or None
+    amd_run_all: str | None
+    docs_only: bool
+    rocm_base_changed: bool
+    amd_runtime_changed: bool
 
 
 def _dependency_closure(areas: TestAreas, roots: Iterable[str]) -> dict[str, str]:
@@ -117,34 +162,51 @@ def _dependency_closure(areas: TestAreas, roots: Iterable[str]) -> dict[str, str
     return included
 
 
-def _decide(
-    step: Step,
-    config: RunConfig,
-    changes: ChangeSet,
-    knobs: Knobs,
-    run_all_trigger: str | None,
-    docs_only: bool,
-) -> tuple[bool, str]:
-    """One step's decision by vLLM's order of checks."""
+def _decide(step: Step, changes: ChangeSet, knobs: Knobs, facts: _ChangeFacts) -> tuple[bool, str]:
+    """One step's decision, in vLLM's order of checks."""
+    if facts.docs_only:
+        return False, "docs-only change"
+    if step.mirror_target is None and (
+        step.key.startswith(ALWAYS_RUN_PREFIX) or step.key in ALWAYS_RUN_KEYS
+    ):
+        return True, "always runs (image builds and AMD base steps run on every build)"
     if knobs.nightly:
         return True, "NIGHTLY=1 runs every step"
+    if step.mirror_target == "amd" and facts.rocm_base_changed:
+        return True, f"{ROCM_BASE_DOCKERFILE!r} changed: every AMD mirror runs"
     if step.optional:
         return False, "optional step: runs only with NIGHTLY=1"
-    if knobs.run_all:
-        return True, "RUN_ALL=1 runs every step"
-    if not changes.known:
-        return True, f"fail-safe: {changes.unavailable_reason}"
-    if run_all_trigger:
-        return True, run_all_trigger
-    if docs_only:
-        return False, "docs-only change"
-    for path in changes.files:
+    if is_amd_gpu_device(step.device) and not step.dind and facts.amd_runtime_changed:
+        return True, "the native AMD test wrapper changed"
+    if facts.run_all:
+        return True, facts.run_all
+    if facts.amd_run_all and is_amd_step(step):
+        return True, facts.amd_run_all
+    for path in changes.files or ():
         entry = matching_entry(step.dependencies, path)
         if entry is not None:
-            rule = "its own YAML file" if entry == step.file else f"dependency {entry!r}"
+            own = entry == step.file and entry not in step.source_file_dependencies
+            rule = "its own YAML file" if own else f"dependency {entry!r}"
             return True, f"{path!r} matches {rule}"
     count = len(step.dependencies)
     return False, f"no changed file matches its {count} dependency entries"
+
+
+def _change_facts(config: RunConfig, changes: ChangeSet, knobs: Knobs) -> _ChangeFacts:
+    files = changes.files or ()
+    if knobs.run_all:
+        run_all = "RUN_ALL=1 runs every step"
+    elif not changes.known:
+        run_all = f"fail-safe: {changes.unavailable_reason}"
+    else:
+        run_all = _run_all_trigger(config.run_all_patterns, config, files, "run_all")
+    return _ChangeFacts(
+        run_all=run_all,
+        amd_run_all=_run_all_trigger(config.amd_run_all_patterns, config, files, "amd_run_all"),
+        docs_only=not (knobs.docs_only_disable or run_all) and is_docs_only(files),
+        rocm_base_changed=ROCM_BASE_DOCKERFILE in files,
+        amd_runtime_changed=any(path in files for path in AMD_NATIVE_RUNTIME_DEPENDENCIES),
+    )
 
 
 def select_steps(
@@ -183,11 +245,8 @@ def select_steps(
             decisions,
         )
 
-    trigger = _run_all_trigger(config, files) if changes.known else None
-    docs_only = changes.known and not knobs.docs_only_disable and is_docs_only(files)
-    first = {
-        step.key: _decide(step, config, changes, knobs, trigger, docs_only) for step in areas.steps
-    }
+    facts = _change_facts(config, changes, knobs)
+    first = {step.key: _decide(step, changes, knobs, facts) for step in areas.steps}
     pulled = _dependency_closure(areas, [key for key, (chosen, _) in first.items() if chosen])
     decisions = []
     for step in areas.steps:
@@ -196,16 +255,14 @@ def select_steps(
             chosen, why = True, f"needed by {pulled[step.key]!r} (depends_on)"
         decisions.append(StepDecision(step.key, step.label, chosen, (why,)))
 
-    if knobs.nightly:
-        run_all, reason = True, "NIGHTLY=1"
-    elif knobs.run_all:
-        run_all, reason = True, "RUN_ALL=1"
-    elif not changes.known:
-        run_all, reason = True, f"fail-safe, selecting everything: {changes.unavailable_reason}"
-    elif trigger:
-        run_all, reason = True, trigger
-    elif docs_only:
+    if facts.docs_only:
         run_all, reason = False, "docs-only change: every step skipped"
+    elif knobs.nightly:
+        run_all, reason = True, "NIGHTLY=1"
+    elif facts.run_all:
+        run_all, reason = True, facts.run_all.removesuffix(" runs every step")
+        if not changes.known:
+            reason = f"fail-safe, selecting everything: {changes.unavailable_reason}"
     else:
         run_all, reason = False, f"{len(files)} changed files matched against step dependencies"
     return Selection(changes.base, changes.head, run_all, reason, tuple(files), tuple(decisions))

@@ -14,9 +14,10 @@ from ci.config import (
     load_test_area_file,
 )
 from ci.errors import CIInputError, CIInputErrors
-from tests.ci.helpers import write_tree
+from tests.ci.helpers import run_cli, write_tree
 
 FIXTURES = Path(__file__).parent / "data" / "vllm-buildkite"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_AREA_FILES = sorted(
     path.relative_to(FIXTURES).as_posix()
     for path in FIXTURES.rglob("*.yaml")
@@ -216,3 +217,141 @@ def test_mirrors_are_built_as_vllm_builds_them(tmp_path):
         False,
     )
     assert labelled.depends_on == ("image-build-amd",)
+
+
+VLLM_0_34 = Path(__file__).parent / "data" / "vllm-buildkite-0.34.0"
+
+
+def test_vllm_0_34_loads_with_its_config_through_the_cli():
+    """Only --config: the repository root is found above .buildkite/ from its job_dirs."""
+    result = run_cli("lint", "--config", str(VLLM_0_34 / ".buildkite/ci_config.yaml"))
+    assert result.exit_code == 0, result.stderr
+    assert "533 steps in 44 files: valid" in result.stdout
+    assert "error" not in result.stderr
+
+
+def test_vllm_0_34_every_file_is_loaded_and_the_intel_config_parses():
+    yaml_files = {path.relative_to(VLLM_0_34).as_posix() for path in VLLM_0_34.rglob("*.yaml")}
+    config = load_run_config(VLLM_0_34 / ".buildkite/ci_config.yaml")
+    areas = load_test_areas(config, VLLM_0_34)
+    configs = {f".buildkite/{name}" for name in ("ci_config.yaml", "ci_config_rocm.yaml")}
+    assert set(areas.files) == yaml_files - configs - {".buildkite/ci_config_intel.yaml"}
+    # The ROCm and Intel pipelines' configurations parse too; their steps live in the files
+    # above (the Intel job_dirs is not part of the release).
+    rocm = load_run_config(VLLM_0_34 / ".buildkite/ci_config_rocm.yaml")
+    intel = load_run_config(VLLM_0_34 / ".buildkite/ci_config_intel.yaml")
+    assert (rocm.job_dirs, intel.job_dirs) == (
+        (".buildkite/hardware_tests",),
+        (".buildkite/intel_jobs",),
+    )
+
+
+def test_vllm_0_34_keys_are_known_with_their_types():
+    config = load_run_config(VLLM_0_34 / ".buildkite/ci_config.yaml")
+    assert [pattern.pattern for pattern in config.amd_run_all_patterns] == ["csrc/"]
+    areas = load_test_areas(config, VLLM_0_34).by_key()
+    assert areas["zen-cpu-image-build"].agents == {"queue": "amd-cpu"}
+    # The three unknown-key warnings are the legacy keys vLLM itself no longer reads.
+    assert not [w for w in load_test_areas(config, VLLM_0_34).warnings if "unknown key" in w]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("automatic_shard: yes-please", "'automatic_shard' must be true or false"),
+        ("agents: [amd-cpu]", "'agents' must be a mapping of strings to strings"),
+    ],
+    ids=["automatic-shard", "agents"],
+)
+def test_new_vllm_keys_are_type_checked(tmp_path, line, message):
+    with pytest.raises(CIInputError, match=f"area.yaml:5: step 'a': {message}"):
+        _area(tmp_path, f"group: g\nsteps:\n  - label: a\n    commands: [pytest]\n    {line}\n")
+
+
+UPSTREAM_KEY_AREA = "group: g\nsteps:\n  - label: a\n    commands: [pytest]\n    shiny_new: 1\n"
+
+
+def test_unknown_key_warns_with_file_line_and_key_under_warn(tmp_path):
+    steps, warnings = _area(tmp_path, UPSTREAM_KEY_AREA, KeyPolicy(unknown_keys="warn"))
+    assert [step.key for step in steps] == ["a"]
+    assert warnings == [
+        "area.yaml:5: step 'a': unknown key 'shiny_new' is ignored (unknown_keys: warn)"
+    ]
+
+
+def test_unknown_key_is_an_error_under_error(tmp_path):
+    with pytest.raises(CIInputError, match=r"area\.yaml:5: step 'a': unknown key 'shiny_new'"):
+        _area(tmp_path, UPSTREAM_KEY_AREA, STRICT)
+
+
+def test_this_projects_configuration_is_strict():
+    config = load_run_config(REPO_ROOT / "ci/ci_config.yaml")
+    assert (config.unknown_keys, config.legacy_keys) == ("error", "error")
+
+
+def test_run_config_unknown_key_warns_by_default_and_fails_when_strict(tmp_path):
+    write_tree(tmp_path, {"loose.yaml": "job_dirs: [a]\nnew_knob: 1\n"})
+    assert load_run_config(tmp_path / "loose.yaml", "loose.yaml").warnings == (
+        "loose.yaml:2: ci_config: unknown key 'new_knob' is ignored (unknown_keys: warn)",
+    )
+    write_tree(tmp_path, {"strict.yaml": "job_dirs: [a]\nunknown_keys: error\nnew_knob: 1\n"})
+    with pytest.raises(CIInputError, match=r"strict\.yaml:3: ci_config: unknown key 'new_knob'"):
+        load_run_config(tmp_path / "strict.yaml", "strict.yaml")
+
+
+def test_a_failing_file_does_not_make_references_into_it_dangling(tmp_path):
+    write_tree(
+        tmp_path,
+        {
+            "ci_config.yaml": "job_dirs: [areas]\nunknown_keys: error\n",
+            "areas/build.yaml": """\
+            steps:
+              - label: Build image
+                timeout_in_minutes: soon
+                commands: [make]
+            """,
+            "areas/tests.yaml": """\
+            depends_on: [build-image]
+            steps:
+              - label: Tests
+                commands: [pytest]
+              - label: Typo
+                depends_on: [biuld-image]
+                commands: [pytest]
+            """,
+        },
+    )
+    config = load_run_config(tmp_path / "ci_config.yaml", "ci_config.yaml")
+    with pytest.raises(CIInputErrors) as raised:
+        load_test_areas(config, tmp_path)
+    messages = [str(error) for error in raised.value.errors]
+    assert len(messages) == 2, messages
+    assert "areas/build.yaml:3: step 'Build image': 'timeout_in_minutes'" in messages[0]
+    assert "depends_on 'biuld-image' names no step" in messages[1]
+
+
+def test_an_unparsable_file_suspends_the_reference_check_and_says_so(tmp_path):
+    write_tree(
+        tmp_path,
+        {
+            "ci_config.yaml": "job_dirs: [areas]\n",
+            "areas/build.yaml": "steps: [\n",
+            "areas/tests.yaml": "steps:\n  - label: T\n    depends_on: [build]\n    commands: [x]\n",
+        },
+    )
+    result = run_cli("lint", "--repo", str(tmp_path), "--config", "ci_config.yaml")
+    assert result.exit_code == 2
+    assert "areas/build.yaml:2: invalid YAML" in result.stderr
+    assert "names no step" not in result.stderr
+    assert "depends_on references were not checked" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("config_argument", "message"),
+    [(".", "is a directory; pass its ci_config.yaml"), ("nope.yaml", "does not exist")],
+    ids=["directory", "missing"],
+)
+def test_config_argument_errors_say_what_is_wrong(tmp_path, config_argument, message):
+    result = run_cli("lint", "--repo", str(tmp_path), "--config", str(tmp_path / config_argument))
+    assert result.exit_code == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr

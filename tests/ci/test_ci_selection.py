@@ -143,16 +143,25 @@ def test_fail_safe_selects_every_non_optional_step_and_says_why():
 
 
 @pytest.mark.parametrize(
-    ("knobs", "expected"),
+    ("knobs", "files", "expected"),
     [
-        (Knobs(run_all=True), {"build", "kernels", "spec-decode"}),
-        (Knobs(nightly=True), {"build", "kernels", "spec-decode", "nightly"}),
-        (Knobs(only_step_keys=("kernels",)), {"kernels", "build"}),
+        (Knobs(run_all=True), ["tools/x.sh"], {"build", "kernels", "spec-decode"}),
+        (Knobs(nightly=True), ["tools/x.sh"], {"build", "kernels", "spec-decode", "nightly"}),
+        (Knobs(only_step_keys=("kernels",)), ["README.md"], {"kernels", "build"}),
+        (Knobs(nightly=True), ["README.md"], set()),
+        (Knobs(run_all=True), ["README.md"], {"build", "kernels", "spec-decode"}),
     ],
-    ids=["run-all", "nightly-includes-optional", "only-step-keys-with-depends-on"],
+    ids=[
+        "run-all",
+        "nightly-includes-optional",
+        "only-step-keys-with-depends-on",
+        "docs-only-wins-over-nightly",
+        "run-all-wins-over-docs-only",
+    ],
 )
-def test_knobs(knobs, expected):
-    selection, _ = _select(["README.md"], knobs)
+def test_knobs(knobs, files, expected):
+    """vLLM skips a docs-only change before it looks at NIGHTLY, but not under RUN_ALL."""
+    selection, _ = _select(files, knobs)
     assert selection.selected_keys() == expected
 
 

@@ -1,0 +1,225 @@
+"""Selection on vLLM 0.34.0's own CI files matches vLLM's pipeline generator.
+
+Two checks per change: the harness agrees with ``vllm_generator_selection`` (a literal
+transcription of vllm-project/ci-infra ``buildkite/pipeline_generator/``: step.py
+``read_steps_from_job_dir``, buildkite_step.py ``_step_should_run`` / ``_generate_step_key`` /
+mirror creation, amd.py ``_amd_mirror_should_run`` / ``normalize_amd_depends_on``,
+global_config.py ``_should_run_all``, pipeline_generator.py ``is_docs_only_change``), which reads
+the raw YAML with nothing from ``ci``; and hand-checked facts about the result.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ci.areas import load_test_areas
+from ci.changes import ChangeSet
+from ci.config import load_run_config
+from ci.selection import select_steps
+
+VLLM_0_34 = Path(__file__).parent / "data" / "vllm-buildkite-0.34.0"
+ALWAYS_RUN = {
+    "image-build",
+    "image-build-smoke-test",
+    "image-build-cpu",
+    "image-build-hpu",
+    "image-build-xpu",
+    "image-build-amd",
+    "refresh-rocm-base-amd",
+}
+
+
+def _generate_step_key(label: str) -> str:
+    key = label.replace(" ", "-").lower()
+    for dropped in "()%":
+        key = key.replace(dropped, "")
+    for dashed in ",+:./":
+        key = key.replace(dashed, "-")
+    return key
+
+
+def _matches(dependencies: list[str] | None, files: list[str]) -> bool:
+    def under(entry: str, path: str) -> bool:
+        entry = entry.rstrip("/")
+        return bool(entry) and (path == entry or path.startswith(f"{entry}/"))
+
+    includes = [entry for entry in dependencies or [] if not entry.startswith("!")]
+    excludes = [entry[1:] for entry in dependencies or [] if entry.startswith("!")]
+    return any(
+        any(under(entry, path) for entry in includes)
+        and not any(under(entry, path) for entry in excludes)
+        for path in files
+    )
+
+
+def _is_amd_gpu(device: str | None) -> bool:
+    return bool(device) and re.fullmatch(r"mi\d+_\w+", device) is not None
+
+
+def vllm_generator_selection(root: Path, files: list[str]) -> set[str]:
+    """Keys vLLM's generator runs (not blocked) for ``files`` changed, NIGHTLY=0, RUN_ALL=0."""
+    config = yaml.safe_load((root / ".buildkite/ci_config.yaml").read_text())
+
+    def run_all_for(patterns: list[str]) -> bool:
+        return any(
+            any(re.match(pattern, path) for pattern in patterns)
+            and not any(re.match(pattern, path) for pattern in config["run_all_exclude_patterns"])
+            for path in files
+        )
+
+    run_all = run_all_for(config["run_all_patterns"])
+    amd_run_all = run_all_for(config.get("amd_run_all_patterns", []))
+    docs = [
+        p.startswith("docs/") or p.endswith(".md") or p in {"mkdocs.yml", "mkdocs.yaml"}
+        for p in files
+    ]
+    if not run_all and docs and all(docs):
+        return set()
+
+    steps = []
+    for job_dir in config["job_dirs"]:
+        for directory, _, names in os.walk(root / job_dir):
+            for name in (n for n in names if n.endswith(".yaml")):
+                path = Path(directory) / name
+                data = yaml.safe_load(path.read_text())
+                for step in data.get("steps") or []:
+                    step = dict(step)
+                    if data.get("depends_on"):
+                        step["depends_on"] = step.get("depends_on") or data["depends_on"]
+                        step["source_file_dependencies"] = [
+                            *(step.get("source_file_dependencies") or []),
+                            path.relative_to(root).as_posix(),
+                        ]
+                    steps.append(step)
+
+    def should_run(step: dict, key: str | None, amd: bool) -> bool:
+        if key and (
+            key.startswith("image-build") or key in {"ensure-ci-base-amd", "refresh-rocm-base-amd"}
+        ):
+            return True
+        if step.get("optional"):
+            return False
+        if (
+            _is_amd_gpu(step.get("device"))
+            and not step.get("dind")
+            and ".buildkite/scripts/hardware_ci/run-amd-test.sh" in files
+        ):
+            return True
+        if run_all or (amd_run_all and amd):
+            return True
+        return _matches(step.get("source_file_dependencies"), files)
+
+    selected, depends_on = set(), {}
+    for step in steps:
+        key = step.get("key") or _generate_step_key(step["label"])
+        depends_on[key] = step.get("depends_on") or []
+        if should_run(step, step.get("key"), _is_amd_gpu(step.get("device"))):
+            selected.add(key)
+        amd = (step.get("mirror") or {}).get("amd")
+        if amd:
+            effective = {
+                **step,
+                "device": amd["device"],
+                "dind": amd.get("dind", True),
+                "optional": amd.get("optional", step.get("optional")),
+                "source_file_dependencies": [
+                    *(amd.get("source_file_dependencies") or []),
+                    *(step.get("source_file_dependencies") or []),
+                ],
+            }
+            mirror_depends_on = [
+                "image-build-amd" if item == "image-build" else item
+                for item in amd.get("depends_on") or []
+            ]
+            depends_on[f"amd-{key}"] = ["image-build-amd", *mirror_depends_on]
+            if should_run(effective, None, True) or "docker/Dockerfile.rocm_base" in files:
+                selected.add(f"amd-{key}")
+    pending = list(selected)
+    while pending:  # ci-infra #371: a selected step's dependencies run too
+        for dependency in depends_on.get(pending.pop(), []):
+            if dependency not in selected:
+                selected.add(dependency)
+                pending.append(dependency)
+    return selected
+
+
+@pytest.fixture(scope="module")
+def vllm_areas():
+    config = load_run_config(VLLM_0_34 / ".buildkite/ci_config.yaml")
+    return config, load_test_areas(config, VLLM_0_34)
+
+
+def _selected(vllm_areas, files: list[str]) -> set[str]:
+    config, areas = vllm_areas
+    selection = select_steps(areas, config, ChangeSet("main", "HEAD", "base", tuple(files)))
+    return selection.selected_keys()
+
+
+CHANGES = {
+    "attention-backend": ["vllm/v1/attention/backends/flash_attn.py"],
+    "docs-only": ["docs/usage/faq.md", "README.md"],
+    "test-area-yaml": [".buildkite/test_areas/spec_decode.yaml"],
+    "cmakelists": ["CMakeLists.txt"],
+    "rocm-base-dockerfile": ["docker/Dockerfile.rocm_base"],
+    "hardware-cpu-yaml": [".buildkite/hardware_tests/cpu.yaml"],
+    "csrc-amd-run-all": ["csrc/attention/attention_kernels.cu"],
+    "amd-test-wrapper": [".buildkite/scripts/hardware_ci/run-amd-test.sh"],
+}
+
+
+@pytest.mark.parametrize("files", CHANGES.values(), ids=CHANGES.keys())
+def test_selection_matches_vllms_generator(vllm_areas, files):
+    assert _selected(vllm_areas, files) == vllm_generator_selection(VLLM_0_34, files)
+
+
+def test_docs_only_runs_nothing(vllm_areas):
+    assert _selected(vllm_areas, CHANGES["docs-only"]) == set()
+
+
+def test_hardware_cpu_yaml_runs_only_what_names_it(vllm_areas):
+    """cpu.yaml's group depends_on is empty: its own file is no dependency of its steps."""
+    selected = _selected(vllm_areas, CHANGES["hardware-cpu-yaml"])
+    assert selected == ALWAYS_RUN | {"zen-cpu-image-build"}  # lists cpu.yaml explicitly
+
+
+def test_test_area_yaml_runs_its_non_optional_steps_and_their_mirrors(vllm_areas):
+    _, areas = vllm_areas
+    in_file = [s for s in areas.steps if s.file == ".buildkite/test_areas/spec_decode.yaml"]
+    expected = {step.key for step in in_file if not step.optional}
+    selected = _selected(vllm_areas, CHANGES["test-area-yaml"])
+    assert selected - ALWAYS_RUN == expected
+    assert {"v1-spec-decode", "amd-v1-spec-decode", "spec-decode-draft-model"} <= expected
+    assert len(expected) == 18 and len(in_file) == 37  # 9 + 9 mirrors run, of 19 + 18 mirrors
+
+
+def test_backend_change_runs_the_spec_decode_steps(vllm_areas):
+    selected = _selected(vllm_areas, CHANGES["attention-backend"])
+    assert {"v1-spec-decode", "amd-v1-spec-decode", "spec-decode-mtp-gemma4"} <= selected
+    assert "cpu-kernel-tests" not in selected  # lists only the AMX MLA backend file
+
+
+def test_rocm_base_dockerfile_runs_every_amd_mirror_optional_ones_too(vllm_areas):
+    _, areas = vllm_areas
+    mirrors = {step.key for step in areas.steps if step.mirror_target == "amd"}
+    selected = _selected(vllm_areas, CHANGES["rocm-base-dockerfile"])
+    assert mirrors <= selected and any(s.optional for s in areas.steps if s.key in mirrors)
+    assert "v1-spec-decode" not in selected
+
+
+def test_cmakelists_runs_every_non_optional_step(vllm_areas):
+    _, areas = vllm_areas
+    selected = _selected(vllm_areas, CHANGES["cmakelists"])
+    assert {step.key for step in areas.steps if not step.optional} <= selected
+
+
+def test_csrc_runs_every_amd_step_but_not_every_nvidia_step(vllm_areas):
+    _, areas = vllm_areas
+    selected = _selected(vllm_areas, CHANGES["csrc-amd-run-all"])
+    amd = {s.key for s in areas.steps if s.mirror_target == "amd" and not s.optional}
+    assert amd <= selected
+    assert "v1-spec-decode" not in selected and "amd-v1-spec-decode" in selected
