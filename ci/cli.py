@@ -18,11 +18,12 @@ from pathlib import Path
 import yaml
 
 from ci.areas import load_test_areas
+from ci.atomic_write import check_writable_target, write_atomically
 from ci.changes import ChangeSet, compute_changes
 from ci.config import RunConfig, TestAreas, load_run_config
 from ci.deps import check_dependencies, format_report, suggested_entries
 from ci.errors import CIInputError
-from ci.fix import add_dependencies, write_atomically
+from ci.fix import add_dependencies
 from ci.lint import lint_warnings
 from ci.pipeline import build_pipeline, checked_uploads
 from ci.selection import Knobs, Selection, select_steps
@@ -178,6 +179,8 @@ def _render(document: dict, output_format: str) -> str:
 
 
 def command_pipeline(args: argparse.Namespace) -> int:
+    if args.output is not None:
+        check_writable_target(Path(args.output))
     root, config, areas = _load(args)
     selection = _selection(args, root, config, areas)
     uploads = checked_uploads(build_pipeline(areas, selection, config, args.unselected))

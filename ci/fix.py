@@ -8,30 +8,17 @@ quoting, vLLM's mixed indentation) stays as it was. Files are replaced atomicall
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
 
+from ci.atomic_write import write_atomically
 from ci.config import derive_step_key
 from ci.errors import CIInputError, Location
 
 _PLAIN = re.compile(r"[\w./-]+")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` via a temporary file in the same directory."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _yaml_scalar(entry: str) -> str:
@@ -57,7 +44,17 @@ def _insert_entry(text: str, step: yaml.MappingNode, entry: str, name: str) -> s
     fields = {key.value: (key, value) for key, value in step.value}
     scalar = _yaml_scalar(entry)
     if "source_file_dependencies" not in fields:
-        anchor_key = fields.get("commands", next(iter(fields.values())))[0]
+        if step.flow_style:
+            line = step.start_mark.line + 1
+            raise CIInputError(
+                "cannot add to a flow-style step; add the entry by hand", Location(name, line)
+            )
+        keys = [key for key, _ in step.value]
+        # Before 'commands', unless it is the step's first key: its line starts with the list's
+        # '- ', so the block would land in the previous step; then before the second key.
+        anchor_key = fields["commands"][0] if "commands" in fields else keys[0]
+        if anchor_key is keys[0]:
+            anchor_key = keys[1]
         indent = " " * anchor_key.start_mark.column
         block = f"{indent}source_file_dependencies:\n{indent}  - {scalar}\n"
         lines.insert(anchor_key.start_mark.line, block)
