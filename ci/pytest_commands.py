@@ -1,65 +1,29 @@
 """From a step's shell commands to the pytest invocations they run, in repository terms.
 
 Buildkite runs a step's commands as one script, so ``cd`` carries over; ``working_dir``
-(absolute under ``workspace_root``, or repository-relative) is where it starts.
+(absolute under ``workspace_root``, or repository-relative) is where it starts. Commands are
+split as a shell splits them: quotes may span lines, a backslash joins lines, ``#`` starts a
+comment. An option's value is never a test path: which options take values is read from
+pytest, its installed plugins and the repository's own ``addoption`` calls (``ci.pytest_options``).
+Given the repository (``repo_root``), shell globs in test paths are expanded against the tree,
+as the shell would; ``resolve_run`` does that for a run parsed without it.
 """
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import shlex
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-# pytest options whose value is the next argument (so it is no test path).
-_VALUE_OPTIONS = frozenset(
-    (
-        "-k",
-        "-m",
-        "-p",
-        "-c",
-        "-o",
-        "-n",
-        "-W",
-        "-r",
-        "--deselect",
-        "--ignore",
-        "--ignore-glob",
-        "--rootdir",
-        "--maxfail",
-        "--durations",
-        "--durations-min",
-        "--tb",
-        "--junitxml",
-        "--junit-xml",
-        "--log-level",
-        "--log-cli-level",
-        "--log-file",
-        "--timeout",
-        "--dist",
-        "--basetemp",
-        "--confcutdir",
-        "--import-mode",
-        "--cov",
-        "--cov-report",
-        "--count",
-        "--reruns",
-        "--reruns-delay",
-        "--override-ini",
-        "--capture",
-        "--color",
-        "--engine",
-        "--device",
-        "--splits",
-        "--group",
-        "--shard-id",
-        "--num-shards",
-        "--random-order-seed",
-        "--maxprocesses",
-        "--hypothesis-seed",
-    )
-)
+from ci.pytest_options import PytestOptions, installed_options, repository_options
+
 _WRAPPERS = frozenset({"timeout", "env", "time", "nohup", "xvfb-run", "uv", "poetry", "pdm"})
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", ";;"})
+_WORD_BREAKS = " \t\n;&|()"
+_GLOB_CHARACTERS = frozenset("*?[")
 
 
 class CommandParseError(ValueError):
@@ -77,6 +41,12 @@ class PytestRun:
     markers: str | None = None
     deselect: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+    # Options no declaration names (a plugin that is not installed here): their following
+    # argument is taken as their value unless it exists in the tree.
+    unknown_options: tuple[str, ...] = ()
+    # What pytest was given, to parse again once the repository is known (resolve_run).
+    arguments: tuple[str, ...] = field(default=(), compare=False)
+    workspace_root: str | None = field(default=None, compare=False)
 
 
 def map_directory(directory: str, cwd: str, workspace_root: str | None) -> str:
@@ -95,29 +65,65 @@ def map_directory(directory: str, cwd: str, workspace_root: str | None) -> str:
     return normalized
 
 
+def _shell_text(command: str) -> str:
+    """``command`` with line continuations joined, comments dropped and every newline outside
+    quotes turned into ``;`` (so one shlex pass splits the whole snippet)."""
+    out: list[str] = []
+    quote: str | None = None
+    at_word_start = True
+    index = 0
+    while index < len(command):
+        character = command[index]
+        if quote == "'":
+            quote = None if character == "'" else quote
+        elif character == "\\" and index + 1 < len(command):
+            if command[index + 1] != "\n":
+                out.append(command[index : index + 2])
+                at_word_start = False
+            index += 2
+            continue
+        elif quote == '"':
+            quote = None if character == '"' else quote
+        elif character in "'\"":
+            quote = character
+        elif character == "#" and at_word_start:
+            end = command.find("\n", index)
+            index = len(command) if end < 0 else end
+            continue
+        elif character == "\n":
+            character = " ; "
+        out.append(character)
+        at_word_start = quote is None and character[-1] in _WORD_BREAKS
+        index += 1
+    if quote is not None:
+        raise CommandParseError(
+            f"cannot parse shell command {command.strip()!r}: no closing {quote}"
+        )
+    return "".join(out)
+
+
 def _simple_commands(command: str) -> list[list[str]]:
     """Tokens of each simple command in a shell snippet (newlines and ;, &&, | split)."""
+    lexer = shlex.shlex(_shell_text(command), posix=True, punctuation_chars=";&|()")
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    try:
+        tokens = list(lexer)
+    except ValueError as error:
+        raise CommandParseError(
+            f"cannot parse shell command {command.strip()!r}: {error}"
+        ) from None
     result: list[list[str]] = []
-    for line in command.replace("\\\n", " ").splitlines():
-        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
-        lexer.whitespace_split = True
-        lexer.commenters = "#"
-        try:
-            tokens = list(lexer)
-        except ValueError as error:
-            raise CommandParseError(
-                f"cannot parse shell command {line.strip()!r}: {error}"
-            ) from None
-        current: list[str] = []
-        for token in tokens:
-            if token in _SEPARATORS:
-                if current:
-                    result.append(current)
-                current = []
-            else:
-                current.append(token)
-        if current:
-            result.append(current)
+    current: list[str] = []
+    for token in tokens:
+        if token in _SEPARATORS:
+            if current:
+                result.append(current)
+            current = []
+        else:
+            current.append(token)
+    if current:
+        result.append(current)
     return result
 
 
@@ -132,49 +138,118 @@ def _pytest_arguments(tokens: list[str]) -> list[str] | None:
     return None
 
 
-def _parse_pytest(
-    command: str, arguments: list[str], cwd: str, workspace_root: str | None
-) -> PytestRun:
-    paths: list[str] = []
-    options: dict[str, list[str]] = {}
+def _expand_glob(path: str, repo_root: Path | None) -> list[str]:
+    """The tree's matches of a glob, sorted (the literal when nothing matches, as in bash)."""
+    file_part, separator, node = path.partition("::")
+    if repo_root is None or not _GLOB_CHARACTERS & set(file_part):
+        return [path]
+    matches = sorted(match.relative_to(repo_root).as_posix() for match in repo_root.glob(file_part))
+    return [match + separator + node for match in matches] or [path]
+
+
+def _split_arguments(
+    arguments: list[str], options: PytestOptions, exists: Callable[[str], bool]
+) -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """(positional arguments, option -> values, unknown options) of a pytest command line."""
+    positional: list[str] = []
+    values: dict[str, list[str]] = {}
+    unknown: list[str] = []
     index = 0
     while index < len(arguments):
         argument = arguments[index]
-        if argument.startswith("--") and "=" in argument:
-            name, _, value = argument.partition("=")
-            options.setdefault(name, []).append(value)
-        elif argument in _VALUE_OPTIONS:
-            if index + 1 >= len(arguments):
-                raise CommandParseError(f"{command!r}: option {argument} needs a value")
-            options.setdefault(argument, []).append(arguments[index + 1])
-            index += 1
-        elif len(argument) > 2 and argument[:2] in ("-k", "-m") and argument[1] in "km":
-            options.setdefault(argument[:2], []).append(argument[2:])
-        elif not argument.startswith("-"):
-            paths.append(argument)
         index += 1
+        if argument == "--":
+            positional.extend(arguments[index:])
+            break
+        if not argument.startswith("-") or argument == "-":
+            positional.append(argument)
+            continue
+        name, equals, attached = argument.partition("=")
+        if not argument.startswith("--") and len(argument) > 2:
+            name, equals, attached = argument[:2], "=", argument[2:].removeprefix("=")
+            if options.arity(name) is None:
+                continue  # clustered short flags: -sv, -vvv
+        if equals:
+            values.setdefault(name, []).append(attached)
+            continue
+        arity = options.arity(name)
+        if arity is None:
+            if not options.knows(name):
+                unknown.append(name)
+                follows = arguments[index] if index < len(arguments) else "-"
+                if not follows.startswith("-") and not exists(follows):
+                    values.setdefault(name, []).append(follows)
+                    index += 1
+            continue
+        taken = 0
+        while index < len(arguments) and (arity.greedy or taken < arity.count):
+            if arity.greedy and arguments[index].startswith("-"):
+                break
+            values.setdefault(name, []).append(arguments[index])
+            index += 1
+            taken += 1
+        if taken < arity.count and not arity.greedy:
+            raise CommandParseError(f"option {name} needs a value")
+    return positional, values, unknown
+
+
+def _parse_pytest(
+    command: str,
+    arguments: list[str],
+    cwd: str,
+    workspace_root: str | None,
+    repo_root: Path | None,
+) -> PytestRun:
+    options = repository_options(repo_root) if repo_root else installed_options()
 
     def relative(path: str) -> str:
         file_part, separator, node = path.partition("::")
         return map_directory(file_part, cwd, workspace_root) + separator + node
 
-    keyword = " and ".join(f"({value})" for value in options.get("-k", [])) or None
-    markers = " and ".join(f"({value})" for value in options.get("-m", [])) or None
+    def exists(argument: str) -> bool:
+        return repo_root is None or (repo_root / relative(argument).partition("::")[0]).exists()
+
+    try:
+        positional, values, unknown = _split_arguments(arguments, options, exists)
+    except CommandParseError as error:
+        raise CommandParseError(f"{command!r}: {error}") from None
+    keyword = " and ".join(f"({value})" for value in values.get("-k", [])) or None
+    markers = " and ".join(f"({value})" for value in values.get("-m", [])) or None
+    paths = [
+        expanded for path in positional for expanded in _expand_glob(relative(path), repo_root)
+    ]
     return PytestRun(
         command=command,
         cwd=cwd,
-        paths=tuple(relative(path) for path in paths),
+        paths=tuple(paths),
         keyword=keyword,
         markers=markers,
-        deselect=tuple(relative(path) for path in options.get("--deselect", [])),
-        ignore=tuple(relative(path) for path in options.get("--ignore", [])),
+        deselect=tuple(relative(path) for path in values.get("--deselect", [])),
+        ignore=tuple(relative(path) for path in values.get("--ignore", [])),
+        unknown_options=tuple(dict.fromkeys(unknown)),
+        arguments=tuple(arguments),
+        workspace_root=workspace_root,
     )
 
 
+@functools.cache
+def resolve_run(run: PytestRun, repo_root: Path) -> PytestRun:
+    """``run`` parsed again knowing the repository: its own options, globs against the tree."""
+    if not run.arguments:
+        return run
+    resolved = _parse_pytest(
+        run.command, list(run.arguments), run.cwd, run.workspace_root, repo_root
+    )
+    return replace(resolved, arguments=())
+
+
 def pytest_runs(
-    commands: tuple[str, ...], working_dir: str | None, workspace_root: str | None
+    commands: tuple[str, ...],
+    working_dir: str | None,
+    workspace_root: str | None,
+    repo_root: Path | None = None,
 ) -> list[PytestRun]:
-    """Every pytest invocation in a step's commands."""
+    """Every pytest invocation in a step's commands (resolved when ``repo_root`` is given)."""
     cwd = map_directory(working_dir, ".", workspace_root) if working_dir else "."
     runs = []
     for command in commands:
@@ -184,5 +259,6 @@ def pytest_runs(
                 continue
             arguments = _pytest_arguments(tokens)
             if arguments is not None:
-                runs.append(_parse_pytest(" ".join(tokens), arguments, cwd, workspace_root))
+                run = _parse_pytest(" ".join(tokens), arguments, cwd, workspace_root, None)
+                runs.append(resolve_run(run, repo_root) if repo_root else run)
     return runs

@@ -1,9 +1,12 @@
 """Static view of the tests a pytest invocation collects, and whether its filters keep any.
 
 Python ids of parametrized tests and markers added at collection time are unknowable without
-running pytest, so filters are evaluated in three-valued logic: a test is "possibly selected"
-unless the filter rejects it whatever the unknown parts turn out to be. A step is reported
-as selecting nothing only when no test is even possibly selected.
+running pytest. ``-k`` and ``-m`` are evaluated per test as pytest evaluates them (``-k``: a
+case-insensitive substring of one of the node's names or markers; ``-m``: a marker name), with
+each name the test's own fact: true, false, or unknown when ids or markers are dynamic. A test
+is "possibly selected" when some truth value of its unknown names (each independently) makes
+the expression true; a step is reported as selecting nothing only when no test is even
+possibly selected.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import functools
+import itertools
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +24,8 @@ from pathlib import Path
 from _pytest.mark.expression import Expression
 
 from ci.imports import iter_python_files
-from ci.pytest_commands import PytestRun
+from ci.pytest_commands import PytestRun, resolve_run
+from ci.pytest_options import repository_options
 
 DYNAMIC_MARKER_HINTS = ("add_marker", "pytest_collection_modifyitems")
 DYNAMIC_ID_HINTS = ("pytest_generate_tests", "params=")
@@ -48,6 +53,7 @@ def clear_caches() -> None:
     """Forget parsed test files and conftests (a long-lived process may see them change)."""
     tests_in_file.cache_clear()
     _conftest_text.cache_clear()
+    repository_options.cache_clear()
 
 
 def is_test_file(path: str) -> bool:
@@ -155,15 +161,29 @@ def tests_in_file(repo_root: Path, path: str) -> tuple[TestFunction, ...]:
     return tuple(found)
 
 
-def _possibly(expression: Expression, known: Callable[[str, dict], bool], unknown: bool) -> bool:
-    """True unless the expression is false both when unknowns are true and when false."""
+# Unknown names are tried in every combination; past this many, a test counts as possible.
+_MAX_UNKNOWN_NAMES = 10
 
-    def evaluate(assume: bool) -> bool:
-        return expression.evaluate(
-            lambda name, /, **kwargs: known(name, kwargs) or (assume and unknown)
-        )
 
-    return evaluate(True) or evaluate(False)
+def _possibly(expression: Expression, fact: Callable[[str, dict], bool | None]) -> bool:
+    """Whether some truth value of the unknown names (``fact`` -> None) makes it true."""
+    names = sorted(expression.idents())
+    if len(names) > _MAX_UNKNOWN_NAMES:
+        return True
+    return any(
+        _evaluate(expression, fact, dict(zip(names, assignment, strict=True)))
+        for assignment in itertools.product((False, True), repeat=len(names))
+    )
+
+
+def _evaluate(
+    expression: Expression, fact: Callable[[str, dict], bool | None], guess: dict[str, bool]
+) -> bool:
+    def matcher(name: str, /, **kwargs: object) -> bool:
+        known = fact(name, kwargs)
+        return guess[name] if known is None else known
+
+    return expression.evaluate(matcher)
 
 
 def possibly_selected(test: TestFunction, run: PytestRun) -> bool:
@@ -171,21 +191,23 @@ def possibly_selected(test: TestFunction, run: PytestRun) -> bool:
     if any(test.node_id == item or test.node_id.startswith(f"{item}::") for item in run.deselect):
         return False
     if run.keyword:
-        expression = _compile(run.keyword)
         haystack = [name.lower() for name in (*test.names, *test.markers)]
 
-        def keyword_known(name: str, kwargs: dict) -> bool:
-            return any(name.lower() in candidate for candidate in haystack)
+        def keyword_fact(name: str, kwargs: dict) -> bool | None:
+            if any(name.lower() in candidate for candidate in haystack):
+                return True
+            return None if test.dynamic_ids else False
 
-        if not _possibly(expression, keyword_known, test.dynamic_ids):
+        if not _possibly(_compile(run.keyword), keyword_fact):
             return False
     if run.markers:
-        expression = _compile(run.markers)
 
-        def marker_known(name: str, kwargs: dict) -> bool:
-            return name in test.markers and not kwargs
+        def marker_fact(name: str, kwargs: dict) -> bool | None:
+            if name in test.markers:
+                return None if kwargs else True  # marker arguments are not read statically
+            return None if test.dynamic_markers else False
 
-        if not _possibly(expression, marker_known, test.dynamic_markers):
+        if not _possibly(_compile(run.markers), marker_fact):
             return False
     return True
 
@@ -200,6 +222,7 @@ def _compile(text: str) -> Expression:
 
 def collected_files(repo_root: Path, run: PytestRun, default_paths: tuple[str, ...]) -> list[str]:
     """Test files ``run`` collects (and so imports), given pytest's default paths."""
+    run = resolve_run(run, repo_root)
     targets = run.paths or (default_paths if run.cwd == "." and default_paths else (run.cwd,))
     files: list[str] = []
     for target in targets:
@@ -219,6 +242,8 @@ def collected_files(repo_root: Path, run: PytestRun, default_paths: tuple[str, .
 
 
 def missing_targets(repo_root: Path, run: PytestRun) -> list[str]:
+    """Test paths that do not exist (an unmatched glob stays literal, as in bash)."""
+    run = resolve_run(run, repo_root)
     return [path for path in run.paths if not (repo_root / path.partition("::")[0]).exists()]
 
 
@@ -229,6 +254,7 @@ def _node_matches(node: str, wanted: str) -> bool:
 
 def selected_tests(repo_root: Path, run: PytestRun, files: list[str]) -> list[TestFunction]:
     """Tests of ``files`` that ``run`` may run (node-id arguments narrow to those nodes)."""
+    run = resolve_run(run, repo_root)
     nodes: dict[str, list[str]] = {}
     for path in run.paths:
         file_part, _, node = path.partition("::")
