@@ -95,6 +95,8 @@ STEP_FIELDS: dict[str, Checker] = {
     "agents": _is_str_map,
     # vLLM's runtime sharding by test durations (ci-infra runtime_shard.py); read, not emitted.
     "automatic_shard": _is_bool,
+    # Kubernetes resource claim of vLLM's Intel jobs (.buildkite/intel_jobs); read, not emitted.
+    "resource_claim_template": _is_str,
     "timeout_in_minutes": _is_positive_int,
     "optional": _is_bool,
     "soft_fail": _is_soft_fail,

@@ -249,16 +249,37 @@ def pytest_runs(
     workspace_root: str | None,
     repo_root: Path | None = None,
 ) -> list[PytestRun]:
-    """Every pytest invocation in a step's commands (resolved when ``repo_root`` is given)."""
-    cwd = map_directory(working_dir, ".", workspace_root) if working_dir else "."
+    """Every pytest invocation in a step's commands (resolved when ``repo_root`` is given).
+
+    A directory outside the repository (vLLM's AMD mirrors run some scripts from ``/``) is an
+    error only when pytest runs there.
+    """
+    cwd: str | None = "."
+    outside = ""
+
+    def enter(directory: str, current: str) -> str | None:
+        nonlocal outside
+        try:
+            return map_directory(directory, current, workspace_root)
+        except CommandParseError as error:
+            outside = str(error)
+            return None
+
+    if working_dir:
+        cwd = enter(working_dir, ".")
     runs = []
     for command in commands:
         for tokens in _simple_commands(command):
             if tokens[0] == "cd" and len(tokens) == 2:
-                cwd = map_directory(tokens[1], cwd, workspace_root)
+                cwd = (
+                    enter(tokens[1], cwd) if cwd is not None or tokens[1].startswith("/") else None
+                )
                 continue
             arguments = _pytest_arguments(tokens)
-            if arguments is not None:
-                run = _parse_pytest(" ".join(tokens), arguments, cwd, workspace_root, None)
-                runs.append(resolve_run(run, repo_root) if repo_root else run)
+            if arguments is None:
+                continue
+            if cwd is None:
+                raise CommandParseError(f"{outside}, and {' '.join(tokens)!r} runs there")
+            run = _parse_pytest(" ".join(tokens), arguments, cwd, workspace_root, None)
+            runs.append(resolve_run(run, repo_root) if repo_root else run)
     return runs

@@ -21,7 +21,11 @@ class LocatedDict(dict):
     key_lines: dict[Any, int]
 
 
-class _LocatingLoader(yaml.SafeLoader):
+# libyaml's parser when PyYAML was built with it (about 5x faster on vLLM's 0.5 MB of YAML).
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _LocatingLoader(_BaseLoader):
     pass
 
 

@@ -82,6 +82,7 @@ CASES = {
         ],
     ),
     "not-pytest": (("echo pytest is great", "bash run.sh pytest"), None, []),
+    "outside-the-repository-without-pytest": (("bash /vllm-workspace/check.sh",), "/", []),
 }
 
 
