@@ -20,8 +20,10 @@ import yaml
 from ci.areas import load_test_areas
 from ci.changes import ChangeSet
 from ci.config import load_run_config
-from ci.selection import select_steps
+from ci.selection import Knobs, select_steps
+from tests.ci.helpers import write_tree
 
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 VLLM_0_34 = Path(__file__).parent / "data" / "vllm-buildkite-0.34.0"
 ALWAYS_RUN = {
     "image-build",
@@ -63,7 +65,7 @@ def _is_amd_gpu(device: str | None) -> bool:
 
 def vllm_generator_selection(root: Path, files: list[str]) -> set[str]:
     """Keys vLLM's generator runs (not blocked) for ``files`` changed, NIGHTLY=0, RUN_ALL=0."""
-    config = yaml.safe_load((root / ".buildkite/ci_config.yaml").read_text())
+    config = yaml.load((root / ".buildkite/ci_config.yaml").read_text(), Loader=LOADER)
 
     def run_all_for(patterns: list[str]) -> bool:
         return any(
@@ -86,7 +88,7 @@ def vllm_generator_selection(root: Path, files: list[str]) -> set[str]:
         for directory, _, names in os.walk(root / job_dir):
             for name in (n for n in names if n.endswith(".yaml")):
                 path = Path(directory) / name
-                data = yaml.safe_load(path.read_text())
+                data = yaml.load(path.read_text(), Loader=LOADER)
                 for step in data.get("steps") or []:
                     step = dict(step)
                     if data.get("depends_on"):
@@ -223,3 +225,18 @@ def test_csrc_runs_every_amd_step_but_not_every_nvidia_step(vllm_areas):
     amd = {s.key for s in areas.steps if s.mirror_target == "amd" and not s.optional}
     assert amd <= selected
     assert "v1-spec-decode" not in selected and "amd-v1-spec-decode" in selected
+
+
+def test_only_step_keys_takes_the_key_vllm_derives(tmp_path):
+    write_tree(
+        tmp_path,
+        {
+            "ci_config.yaml": "job_dirs: [areas]\n",
+            "areas/cpu.yaml": "steps:\n  - label: CPU-Distributed Tests (PP+TP)\n    commands: [x]\n",
+        },
+    )
+    config = load_run_config(tmp_path / "ci_config.yaml", "ci_config.yaml")
+    areas = load_test_areas(config, tmp_path)
+    knobs = Knobs(only_step_keys=("cpu-distributed-tests-pp-tp",))
+    selection = select_steps(areas, config, ChangeSet("main", "HEAD", "base", ()), knobs)
+    assert selection.selected_keys() == {"cpu-distributed-tests-pp-tp"}
