@@ -232,15 +232,26 @@ def _parse_pytest(
     )
 
 
-@functools.cache
+def clear_caches() -> None:
+    """Forget resolved runs and discovered options (the tree or its conftests may change)."""
+    _resolved.cache_clear()
+    repository_options.cache_clear()
+
+
 def resolve_run(run: PytestRun, repo_root: Path) -> PytestRun:
     """``run`` parsed again knowing the repository: its own options, globs against the tree."""
     if not run.arguments:
         return run
-    resolved = _parse_pytest(
-        run.command, list(run.arguments), run.cwd, run.workspace_root, repo_root
-    )
-    return replace(resolved, arguments=())
+    return _resolved(run.command, run.arguments, run.cwd, run.workspace_root, repo_root)
+
+
+@functools.cache
+def _resolved(
+    command: str, arguments: tuple[str, ...], cwd: str, workspace_root: str | None, repo_root: Path
+) -> PytestRun:
+    """Cached by everything the parse reads (``PytestRun`` equality leaves ``arguments`` out)."""
+    run = _parse_pytest(command, list(arguments), cwd, workspace_root, repo_root)
+    return replace(run, arguments=())
 
 
 def pytest_runs(

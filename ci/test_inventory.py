@@ -25,7 +25,7 @@ from _pytest.mark.expression import Expression
 
 from ci.imports import iter_python_files
 from ci.pytest_commands import PytestRun, resolve_run
-from ci.pytest_options import repository_options
+from ci.pytest_commands import clear_caches as clear_resolved_runs
 
 DYNAMIC_MARKER_HINTS = ("add_marker", "pytest_collection_modifyitems")
 DYNAMIC_ID_HINTS = ("pytest_generate_tests", "params=")
@@ -50,10 +50,11 @@ class TestFunction:
 
 
 def clear_caches() -> None:
-    """Forget parsed test files and conftests (a long-lived process may see them change)."""
+    """Forget parsed test files, conftests and resolved runs (a long-lived process may see
+    them change)."""
     tests_in_file.cache_clear()
     _conftest_text.cache_clear()
-    repository_options.cache_clear()
+    clear_resolved_runs()
 
 
 def is_test_file(path: str) -> bool:

@@ -285,3 +285,16 @@ def test_static_answers_agree_with_pytest(marked, arguments):
         env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     ).stdout
     assert static == sorted(line for line in collected.splitlines() if "::" in line)
+
+
+def test_runs_with_the_same_text_but_other_words_resolve_apart(vllm_like):
+    """'-k "a and b"' and '-k a and b' print alike; the parse must not mix them up."""
+    (quoted,) = pytest_runs(
+        ('pytest -k "a and b" kernels',), "/vllm-workspace/tests", "/vllm-workspace"
+    )
+    (bare,) = pytest_runs(
+        ("pytest -k a and b kernels",), "/vllm-workspace/tests", "/vllm-workspace"
+    )
+    assert quoted.command == bare.command
+    assert resolve_run(quoted, vllm_like).keyword == "(a and b)"
+    assert resolve_run(bare, vllm_like).keyword == "(a)"
