@@ -19,12 +19,14 @@ def make_run(
     run_id: str = "current",
     created_at: str = "2026-12-02T00:00:00+00:00",
     environment: dict[str, object] | None = None,
+    kind: str = "pytest",
 ) -> RunRecord:
     return RunRecord(
         run_id=run_id,
         created_at=created_at,
         duration_s=1.5,
         exit_status=0,
+        kind=kind,
         environment=environment or {"git_sha": f"{run_id}0000000000", "engine": "reference"},
         tests=tests,
         metrics=metrics,
