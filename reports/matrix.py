@@ -28,6 +28,7 @@ AREA_LABELS = {
 HARNESS_FOLDER = "tests"  # the harness's own tests (ci, reports, CLIs)
 NO_PAIR = "no model pair"  # the row of tests that are not about one pair
 NO_VALUE = "—"
+ANY_BACKEND = "any backend"  # the part of tests that name neither backend nor dtype
 # Count order in a cell, worst first.
 OUTCOME_ORDER = (
     "failed",
@@ -84,7 +85,7 @@ class CellPart:
 
     @property
     def label(self) -> str:
-        return " ".join(v for v in (self.backend, self.dtype) if v != NO_VALUE) or "any backend"
+        return " ".join(v for v in (self.backend, self.dtype) if v != NO_VALUE) or ANY_BACKEND
 
     @property
     def counts(self) -> tuple[tuple[str, int], ...]:
@@ -116,6 +117,11 @@ class MatrixCell:
     @property
     def summary(self) -> str:
         return ", ".join(f"{count} {status}" for status, count in self.counts)
+
+    @property
+    def is_split(self) -> bool:
+        """Whether the parts say more than the total: some test names a backend or dtype."""
+        return any(part.label != ANY_BACKEND for part in self.parts)
 
 
 @dataclass(frozen=True)

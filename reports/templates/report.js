@@ -65,8 +65,8 @@
       const close = cell.querySelector(".cell-close");
       close.hidden = false;
       close.addEventListener("click", function () { cell.open = false; });
-      cell.addEventListener("toggle", function () {
-        if (!cell.open) return;
+      cell.querySelector("summary").addEventListener("click", function () {
+        if (cell.open) return;  // the click closes it; opening one closes the others
         cells.forEach(function (other) { if (other !== cell) other.open = false; });
       });
     });

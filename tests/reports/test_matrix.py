@@ -6,65 +6,17 @@ import pytest
 
 from reports.compare import compare_runs
 from reports.matrix import NO_PAIR, area_of, build_matrix, cell_status
-from tests.reports.records import make_run, make_test
-
-PAIRS = ("gemma4-e2b-mtp", "qwen3-mtp")
-
-
-def case(nodeid: str, outcome: str = "passed", markers=("grouping",), **fields: str):
-    return make_test(nodeid, outcome, fields=fields, markers=markers)
+from tests.reports.records import (
+    HAZARD_TESTS,
+    MATRIX_PAIRS,
+    SKIPPED_KERNEL_TESTS,
+    matrix_run,
+)
 
 
 @pytest.fixture(scope="module")
 def matrix():
-    tests = [
-        # a pair spread over three backends and two dtypes, as the suites run it
-        *(
-            case(
-                f"suites/spec_decode/test_g.py::test_greedy[{pair}-{backend}-{dtype}]",
-                outcome,
-                markers=("spec_decode", "mtp"),
-                pair=pair,
-                backend=backend,
-                dtype=dtype,
-            )
-            for pair in PAIRS
-            for backend, dtype, outcome in (
-                ("torch", "fp32", "passed"),
-                ("triton", "fp32", "passed"),
-                ("flashinfer", "bf16", "skipped"),
-            )
-        ),
-        *(
-            case(f"suites/grouping/test_a.py::test_groups[{pair}-tp1]", pair=pair, tp="1")
-            for pair in PAIRS
-        ),
-        # the merged-group hazard tests carry both grouping and kernels markers
-        *(
-            case(
-                f"suites/kernels/test_merged_group_hazard.py::test_hazard[{i}]",
-                markers=("gpu", "grouping", "kernels", "mtp"),
-                pair="gemma4-e2b-mtp",
-                backend="triton",
-                dtype="fp32",
-            )
-            for i in range(8)
-        ),
-        # 30 skipped-only kernel tests without a pair, more than any tooltip used to hold
-        *(
-            case(
-                f"suites/kernels/test_f.py::test_flashinfer[{i}]",
-                "skipped",
-                markers=("kernels", "gpu"),
-                backend="flashinfer",
-                dtype="bf16",
-            )
-            for i in range(30)
-        ),
-        case("suites/engine_units/test_s.py::test_scheduler", markers=()),
-        case("tests/ci/test_select.py::test_rule", "failed", markers=()),
-    ]
-    return build_matrix(compare_runs(make_run(*tests), None))
+    return build_matrix(compare_runs(matrix_run(), None))
 
 
 def cell_of(matrix, pair: str, area: str):
@@ -73,49 +25,62 @@ def cell_of(matrix, pair: str, area: str):
 
 
 def test_one_row_per_pair_and_one_for_the_rest_last(matrix):
-    assert [row.pair for row in matrix.rows] == [*PAIRS, NO_PAIR]
+    assert [row.pair for row in matrix.rows] == [*sorted(MATRIX_PAIRS), NO_PAIR]
+
+
+def test_test_parameters_are_no_pairs(matrix):
+    cell = cell_of(matrix, NO_PAIR, "kernels")
+    assert sum("test_step_metadata" in test.nodeid for test in cell.tests) == 3
 
 
 def test_areas_are_checks_then_folders_then_harness(matrix):
-    assert matrix.areas == ("grouping", "kernels", "spec_decode", "engine_units", "harness")
-    assert matrix.area_labels == ("Grouping", "Kernels", "Spec decode", "Engine units", "Harness")
+    assert matrix.areas == (
+        "grouping",
+        "kernels",
+        "spec_decode",
+        "hf_parity",
+        "engine_units",
+        "harness",
+    )
+    assert matrix.area_labels[3:] == ("HF parity", "Engine units", "Harness")
 
 
 def test_every_test_counts_once(matrix):
     counted = [
         test.nodeid for row in matrix.rows for cell in row.cells if cell for test in cell.tests
     ]
-    assert len(counted) == len(set(counted)) == 6 + 2 + 8 + 30 + 2
+    assert len(counted) == len(set(counted)) == len(matrix_run().tests)
 
 
 def test_hazard_tests_count_under_their_folders_area(matrix):
-    kernels = cell_of(matrix, "gemma4-e2b-mtp", "kernels")
-    assert len(kernels.tests) == 8
+    assert len(cell_of(matrix, "gemma4-e2b-mtp", "kernels").tests) == HAZARD_TESTS
     grouping = cell_of(matrix, "gemma4-e2b-mtp", "grouping")
-    assert [test.nodeid for test in grouping.tests] == [
-        "suites/grouping/test_a.py::test_groups[gemma4-e2b-mtp-tp1]"
-    ]
+    assert all("test_grouping_conformance" in test.nodeid for test in grouping.tests)
 
 
 def test_cell_is_split_by_backend_and_dtype(matrix):
     cell = cell_of(matrix, "qwen3-mtp", "spec_decode")
     assert [(part.label, part.status) for part in cell.parts] == [
         ("flashinfer bf16", "skipped"),
+        ("torch bf16", "skipped"),
         ("torch fp32", "passed"),
         ("triton fp32", "passed"),
     ]
     assert cell.status == "partly skipped"
-    assert cell.summary == "2 passed, 1 skipped"
+    assert cell.summary == "4 passed, 4 skipped"
 
 
 def test_skipped_only_cell_reads_as_skipped_with_every_test(matrix):
     cell = cell_of(matrix, NO_PAIR, "kernels")
-    assert cell.status == "skipped"
-    assert len(cell.tests) == 30  # none cut off
+    [flashinfer] = [part for part in cell.parts if part.label == "flashinfer bf16"]
+    assert flashinfer.status == "skipped"
+    assert len(flashinfer.tests) == SKIPPED_KERNEL_TESTS  # none cut off
+    assert cell.status == "partly skipped"  # 3 passed beside them: never plain green
+    assert cell_of(matrix, "qwen3-mtp", "hf_parity").status == "skipped"
 
 
 def test_failure_wins_and_missing_cells_are_empty(matrix):
-    assert cell_of(matrix, NO_PAIR, "harness").status == "failed"
+    assert cell_of(matrix, "llama3-eagle", "grouping").status == "failed"
     assert cell_of(matrix, "qwen3-mtp", "kernels") is None
 
 
@@ -147,3 +112,8 @@ def test_cell_status(counts, status):
 )
 def test_area_of(nodeid, markers, area):
     assert area_of(nodeid, markers) == area
+
+
+def test_parts_are_shown_only_when_tests_name_a_backend_or_dtype(matrix):
+    assert not cell_of(matrix, "qwen3-mtp", "grouping").is_split
+    assert cell_of(matrix, "qwen3-mtp", "spec_decode").is_split
