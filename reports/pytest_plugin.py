@@ -4,9 +4,8 @@ Loaded through the ``pytest11`` entry point wherever this project is installed, 
 inert unless asked: a record is written only when ``--run-record PATH`` is given (the nox
 sessions give it), and never for ``--collect-only`` or a run that ended in a usage error,
 so such a run cannot replace a good record. The ``record_metric`` fixture always works;
-it stores metrics in the test's
-``user_properties``, which pytest-xdist ships to the controller and ``--junitxml`` writes
-as properties. Under xdist the controller records outcomes from the reports it receives
+it stores metrics in the test's ``user_properties``, which pytest-xdist ships to the
+controller and ``--junitxml`` writes as properties. Under xdist the controller records outcomes from the reports it receives
 and merges what only workers know (parameters, markers, deselection, device) from
 ``workeroutput``. JUnit XML for CI views: use pytest's own ``--junitxml``.
 
