@@ -210,6 +210,7 @@ def to_run_record(
         created_at=created_at or datetime.datetime.now(datetime.UTC).isoformat(),
         duration_s=duration_s,
         exit_status=exit_status,
+        kind="benchmark",
         environment=dict(environment),
         tests=tests,
         metrics=tuple(

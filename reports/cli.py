@@ -1,22 +1,25 @@
 """Command line: ``python -m reports build`` (HTML), ``compare`` (CI gate), ``archive`` (history).
 
-Exit codes: 0 success / no regression, 1 regression (compare), 2 bad input. All inputs are
-loaded and validated before anything is written, and the report is written atomically, so
-bad input never replaces a previous good report.
+Exit codes: 0 success / no regression, 1 regression (compare), 2 bad input. The output
+path is checked and all inputs are loaded and validated before anything is written, and
+the report is written atomically, so bad input never replaces a previous good report.
+Records of different kinds (a pytest run against a benchmark baseline) are refused unless
+``--force``; a history file that is no valid record is left out with a warning naming it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from reports.atomic import write_text_atomic
+from reports.atomic import OutputPathError, check_output_path, write_text_atomic
 from reports.compare import DEFAULT_THRESHOLD, Comparison, ThresholdPolicy, compare_runs
-from reports.history import DEFAULT_KEEP, archive_run, latest_baseline, load_history
+from reports.history import DEFAULT_KEEP, History, archive_run, latest_baseline, load_history
 from reports.html import render_report
 from reports.record import RecordError, RunRecord, load_record
 from reports.selection import SelectionContext, load_selection
@@ -29,7 +32,7 @@ EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2
 class Inputs:
     run: RunRecord
     baseline: RunRecord | None
-    history: tuple[RunRecord, ...]
+    history: History
     selection: SelectionContext | None
     comparison: Comparison
 
@@ -94,6 +97,12 @@ def _add_common(parser: argparse.ArgumentParser, baseline_required: bool) -> Non
         metavar="FRACTION",
         help=f"threshold for other metrics without their own (default {DEFAULT_THRESHOLD:.0%}%)",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="compare records of different kinds (a pytest run with a benchmark baseline), "
+        "which is refused otherwise",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,10 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load_inputs(args: argparse.Namespace) -> Inputs:
     run = load_record(args.run)
-    history: tuple[RunRecord, ...] = ()
+    history = History()
     if args.history is not None:
         history = load_history(args.history)
-        baseline = latest_baseline(history, run)
+        if not args.force:
+            history = history.of_kind(run.kind)
+        baseline = latest_baseline(history.records, run)
         if baseline is None:
             print(
                 f"note: no earlier run in {args.history!r}; nothing to compare with",
@@ -133,13 +144,27 @@ def _load_inputs(args: argparse.Namespace) -> Inputs:
             )
     else:
         baseline = load_record(args.baseline) if args.baseline else None
+    kinds_differ = baseline is not None and baseline.kind != run.kind
+    if kinds_differ and not args.force:
+        raise RecordError(
+            f"run {args.run!r} is a {run.kind} record but baseline {baseline.source!r} is a "
+            f"{baseline.kind} record: their tests and metrics are not comparable "
+            "(pass --force to compare them anyway)"
+        )
     selection = load_selection(args.selection) if args.selection else None
     thresholds = ThresholdPolicy(default=args.default_threshold, overrides=tuple(args.threshold))
-    comparison = compare_runs(run, baseline, history, selection, thresholds)
+    comparison = compare_runs(run, baseline, history.records, selection, thresholds)
+    warnings = [f"history file left out: {line}" for line in history.skipped]
+    if kinds_differ:
+        warnings.append(f"a {run.kind} run compared with a {baseline.kind} baseline (--force)")
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    comparison = dataclasses.replace(comparison, warnings=(*warnings, *comparison.warnings))
     return Inputs(run, baseline, history, selection, comparison)
 
 
 def _build(args: argparse.Namespace) -> int:
+    check_output_path(args.output)  # before any work: a bad path is refused at once
     inputs = _load_inputs(args)
     html = render_report(inputs.comparison, inputs.history, inputs.selection)
     path = write_text_atomic(args.output, html)
@@ -170,6 +195,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (RecordError, OSError) as error:  # OSError: e.g. the output cannot be written
+    except (RecordError, OutputPathError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

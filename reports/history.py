@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from reports.record import (
@@ -22,19 +23,48 @@ DEFAULT_KEEP = 100  # archived runs kept in a history folder
 ARCHIVE_NAME = re.compile(r"\d{14}-[0-9A-Za-z_.-]+\.json")  # <UTC timestamp>-<run id>.json
 
 
-def load_history(directory: str | Path) -> tuple[RunRecord, ...]:
+@dataclass(frozen=True)
+class History:
+    """The usable run records of a history folder, oldest first, and what was left out."""
+
+    records: tuple[RunRecord, ...] = ()
+    skipped: tuple[str, ...] = ()  # one line per file left out: which file and why
+
+    def of_kind(self, kind: str) -> History:
+        """Only records of ``kind``: the others are left out, each with a line saying so."""
+        return History(
+            records=tuple(record for record in self.records if record.kind == kind),
+            skipped=self.skipped
+            + tuple(
+                f"{record.source}: a {record.kind} record; this run is a {kind} record"
+                for record in self.records
+                if record.kind != kind
+            ),
+        )
+
+
+def load_history(directory: str | Path) -> History:
     """All run records (``*.json``) in ``directory``, oldest first.
 
-    A missing folder is an empty history (the first run on a fresh clone has none);
-    a file in it that is not a valid run record is an error, never silently skipped.
+    A missing folder is an empty history (the first run on a fresh clone has none). A
+    file that is not a valid run record is left out with a line naming it and the
+    problem, so one corrupt file does not stop every later report.
     """
     folder = Path(directory)
     if not folder.exists():
-        return ()
+        return History()
     if not folder.is_dir():
         raise RecordError(f"history {str(folder)!r} is not a directory")
-    records = [load_record(path) for path in sorted(folder.glob("*.json"))]
-    return tuple(sorted(records, key=lambda record: (record.created_at, record.run_id)))
+    records, skipped = [], []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            records.append(load_record(path))
+        except RecordError as error:
+            skipped.append(str(error))
+    return History(
+        records=tuple(sorted(records, key=lambda record: (record.created_at, record.run_id))),
+        skipped=tuple(skipped),
+    )
 
 
 def archive_run(run: RunRecord, directory: str | Path, keep: int = DEFAULT_KEEP) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 
 import jinja2
@@ -16,9 +15,9 @@ from markupsafe import Markup
 
 from reports.compare import Comparison
 from reports.formatting import format_change, format_duration, format_p_value, format_value
-from reports.history import previous_runs
-from reports.matrix import build_matrix
-from reports.record import OUTCOMES, RunRecord
+from reports.history import History, previous_runs
+from reports.matrix import SHORT_OUTCOMES, build_matrix
+from reports.record import OUTCOMES
 from reports.selection import SelectionContext
 from reports.trends import HEIGHT, WIDTH, metric_trends, outcome_trend
 
@@ -49,12 +48,13 @@ def _jinja_environment() -> jinja2.Environment:
 
 def render_report(
     comparison: Comparison,
-    history: Sequence[RunRecord] = (),
+    history: History | None = None,
     selection: SelectionContext | None = None,
 ) -> str:
     """The full HTML document for ``comparison`` (history feeds trends; selection the CI box)."""
     run, baseline = comparison.run, comparison.baseline
-    earlier = list(previous_runs(history, run))
+    history = history or History()
+    earlier = list(previous_runs(history.records, run))
     if baseline is not None and baseline not in earlier:
         earlier.append(baseline)
     timeline = [*earlier, run]
@@ -72,6 +72,8 @@ def render_report(
             baseline=baseline,
             selection=selection,
             matrix=build_matrix(comparison),
+            short_outcomes=SHORT_OUTCOMES,
+            history=history,
             metric_trends=metric_trends(timeline),
             outcome_trend=outcome_trend(timeline),
             history_size=len(timeline),

@@ -1,13 +1,19 @@
 """pytest plugin: record every test of a run into one versioned JSON run record.
 
 Loaded through the ``pytest11`` entry point wherever this project is installed, so it is
-inert unless asked: a record is written only when a path comes from ``--run-record PATH``,
-else ``$ATTENTION_GROUPING_RUN_RECORD``, else the ``run_record`` ini option. The
-``record_metric`` fixture always works; it stores metrics in the test's
-``user_properties``, which pytest-xdist ships to the controller and ``--junitxml`` writes
-as properties. Under xdist the controller records outcomes from the reports it receives
+inert unless asked: a record is written only when ``--run-record PATH`` is given (the nox
+sessions give it), and never for ``--collect-only`` or a run that ended in a usage error,
+so such a run cannot replace a good record. The ``record_metric`` fixture always works;
+it stores metrics in the test's ``user_properties``, which pytest-xdist ships to the
+controller and ``--junitxml`` writes as properties. Under xdist the controller records outcomes from the reports it receives
 and merges what only workers know (parameters, markers, deselection, device) from
 ``workeroutput``. JUnit XML for CI views: use pytest's own ``--junitxml``.
+
+A test's pair, backend and dtype come from ``@pytest.mark.case(pair=..., backend=...,
+dtype=...)`` when it has one, else from its parameters' names and values (public
+``item.callspec`` data); a value under a pair name counts as a model pair only when it
+names one in the model-pair registry the tests loaded (a test parameter such as
+``large-then-small`` is no model pair).
 """
 
 from __future__ import annotations
@@ -19,19 +25,20 @@ import math
 import numbers
 import os
 import re
+import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reports.atomic import OutputPathError, check_output_path
 from reports.environment import collect_environment, device_name
 from reports.record import Metric, RunRecord, Scalar, TestResult, write_record
 
-ENV_VAR = "ATTENTION_GROUPING_RUN_RECORD"
 RECORDER_NAME = "attention_grouping_recorder"
 METRIC_PROPERTY = "attention_grouping.metric"
 WORKER_OUTPUT_KEY = "attention_grouping_records"
@@ -72,7 +79,19 @@ ID_TOKEN_FIELDS = (  # fields recognisable in a test id when no parameter names 
     ("tp", re.compile(r"tp(\d+)")),
     ("k", re.compile(r"k(\d+)")),
 )
-PYTEST_MARKERS = {"parametrize", "usefixtures", "filterwarnings", "skip", "skipif", "xfail"}
+CASE_MARKER = "case"
+CASE_FIELDS = ("pair", "backend", "dtype", "tp", "k", "policy")
+PYTEST_MARKERS = {
+    "parametrize",
+    "usefixtures",
+    "filterwarnings",
+    "skip",
+    "skipif",
+    "xfail",
+    CASE_MARKER,
+}
+# Read, never imported: the registry of model pair names, once the tests have loaded it.
+MODEL_PAIR_REGISTRY = ("reference_engine.model_pairs", "MODEL_PAIRS")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -81,8 +100,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--run-record",
         metavar="PATH",
         default=None,
-        help=f"write a JSON run record of this run to PATH (default: ${ENV_VAR}, "
-        "else the run_record ini option; none when all are empty)",
+        help="write a JSON run record of this run to PATH (folders are created; "
+        "nothing is written for --collect-only or a usage error)",
     )
     group.addoption(
         "--ci-step",
@@ -90,18 +109,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="CI step key stored with every test (default: $BUILDKITE_STEP_KEY)",
     )
-    parser.addini("run_record", "path of the JSON run record to write (empty: none)", default="")
 
 
 def record_path(config: pytest.Config) -> Path | None:
-    value = config.getoption("run_record") or os.environ.get(ENV_VAR) or config.getini("run_record")
-    if not value:
+    """Where to write the record: ``--run-record``, checked now, before any test runs."""
+    value = config.getoption("run_record")
+    if not value or config.getoption("collectonly"):
         return None
     path = Path(value)
-    return path if path.is_absolute() else config.invocation_params.dir / path
+    path = path if path.is_absolute() else config.invocation_params.dir / path
+    try:
+        return check_output_path(path, create_parents=True)
+    except OutputPathError as error:
+        raise pytest.UsageError(f"--run-record: {error}") from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{CASE_MARKER}(pair=None, backend=None, dtype=None, tp=None, k=None, policy=None): "
+        "what the test is about, for the run record's model pair x check matrix",
+    )
     path = record_path(config)
     if path is not None:
         config.pluginmanager.register(RunRecorder(config, path), RECORDER_NAME)
@@ -176,8 +204,8 @@ def _checked_metric(
     }
 
 
-def _parameter_value(value: object, id_piece: str | None) -> Scalar:
-    """A JSON scalar that names the parameter: the value itself, its name, or its test id."""
+def _parameter_value(value: object) -> Scalar:
+    """A JSON scalar that names the parameter: the value itself, its name, or its text."""
     if value is None or isinstance(value, bool | int | str):
         return value if not isinstance(value, str) else value[:VALUE_LIMIT]
     if isinstance(value, float):
@@ -188,8 +216,8 @@ def _parameter_value(value: object, id_piece: str | None) -> Scalar:
     if isinstance(name, str):
         return name[:VALUE_LIMIT]
     text = str(value)
-    if " object at 0x" in text and id_piece:
-        return id_piece
+    if " object at 0x" in text:  # a default repr names a memory address, not the value
+        return f"<{type(value).__name__}>"
     return text[:VALUE_LIMIT]
 
 
@@ -215,17 +243,25 @@ def _with_compound_parts(params: Mapping[str, object]) -> dict[str, object]:
     return expanded
 
 
-def _fields(
-    values: Mapping[str, object], id_of: Mapping[str, str], id_pieces: Sequence[str]
-) -> dict[str, str]:
+def known_model_pairs() -> frozenset[str] | None:
+    """Names in the model-pair registry when the tests loaded it (None: nothing to check by)."""
+    module_name, attribute = MODEL_PAIR_REGISTRY
+    registry = getattr(sys.modules.get(module_name), attribute, None)
+    return frozenset(map(str, registry)) if isinstance(registry, Mapping) else None
+
+
+def _fields(values: Mapping[str, object], test_id: str) -> dict[str, str]:
     """Known fields from parameter names first, then from unambiguous test-id tokens."""
     fields: dict[str, str] = {}
     for field_name, aliases in FIELD_ALIASES.items():
         alias = next((alias for alias in aliases if alias in values), None)
         if alias is not None:
-            value = _parameter_value(values[alias], id_of.get(alias))
+            value = _parameter_value(values[alias])
             fields[field_name] = _normalize_field(field_name, value)
-    for token in "-".join(id_pieces).split("-") if id_pieces else ():
+    pairs = known_model_pairs()
+    if pairs is not None and fields.get("pair") not in pairs:
+        fields.pop("pair", None)  # e.g. a pair of batches, not a model pair
+    for token in test_id.split("-") if test_id else ():
         if "dtype" not in fields and token.lower() in DTYPE_NAMES:
             fields["dtype"] = DTYPE_NAMES[token.lower()]
         for field_name, pattern in ID_TOKEN_FIELDS:
@@ -239,13 +275,23 @@ def describe_item(item: pytest.Item, engine: str | None) -> dict[str, Any]:
     """Parameters, the known fields (pair, backend, dtype, ...) and markers of one test."""
     callspec = getattr(item, "callspec", None)
     raw_params: dict[str, object] = dict(callspec.params) if callspec is not None else {}
-    id_pieces = [str(piece) for piece in getattr(callspec, "_idlist", ())]
-    # One id piece per parameter only when every parametrize call had a single argname.
-    id_of = (
-        dict(zip(raw_params, id_pieces, strict=True)) if len(id_pieces) == len(raw_params) else {}
-    )
-    params = {name: _parameter_value(value, id_of.get(name)) for name, value in raw_params.items()}
-    fields = _fields(_with_compound_parts(raw_params), id_of, id_pieces)
+    params = {name: _parameter_value(value) for name, value in raw_params.items()}
+    fields = _fields(_with_compound_parts(raw_params), callspec.id if callspec else "")
+    case = item.get_closest_marker(CASE_MARKER)
+    if case is not None:  # the test says what it is about: that wins over any guess
+        unknown = sorted(set(case.kwargs) - set(CASE_FIELDS))
+        if unknown or case.args:
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.{CASE_MARKER} takes keywords "
+                f"{', '.join(CASE_FIELDS)}; got {', '.join(unknown) or 'positional arguments'}"
+            )
+        fields.update(
+            {
+                name: _normalize_field(name, _parameter_value(value))
+                for name, value in case.kwargs.items()
+                if value is not None
+            }
+        )
     if engine and "engine" not in fields:
         fields["engine"] = engine
     markers = sorted({mark.name for mark in item.iter_markers()} - PYTEST_MARKERS)
@@ -331,6 +377,7 @@ class RunRecorder:
         self.worker_devices: list[str] = []
         self.project_markers = _project_markers(config)
         self.started = time.time()
+        self.written = False
 
     # Collection: runs where items are collected (the workers under xdist).
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -373,10 +420,13 @@ class RunRecorder:
                 "device": device_name(),
             }
             return
+        if exitstatus == pytest.ExitCode.USAGE_ERROR:  # e.g. --shard 3/2: no run took place
+            return
         write_record(self._record(int(exitstatus)), self.path)
+        self.written = True
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if not self.is_worker:
+        if self.written:
             terminalreporter.write_line(f"run record: {self.path}")
 
     def _record(self, exit_status: int) -> RunRecord:
@@ -402,6 +452,7 @@ class RunRecorder:
             created_at=datetime.datetime.fromtimestamp(self.started, datetime.UTC).isoformat(),
             duration_s=time.time() - self.started,
             exit_status=exit_status,
+            kind="pytest",
             environment=environment,
             tests=tuple(tests),
             metrics=tuple(metrics),

@@ -17,7 +17,10 @@ from typing import Any
 from reports.atomic import write_text_atomic
 
 SCHEMA_NAME = "attention-grouping-run-record"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added ``kind``; version-1 records get theirs from their tests
+# What produced a record; only records of one kind are compared with each other.
+KINDS = ("pytest", "benchmark")
+BENCHMARK_MARKER = "bench"  # the marker of benchmark pseudo-tests (benchmarks.run_record)
 
 PASSING_OUTCOMES = frozenset({"passed", "xfailed", "xpassed"})
 FAILING_OUTCOMES = frozenset({"failed", "error"})
@@ -74,6 +77,7 @@ class RunRecord:
     created_at: str  # ISO 8601, UTC
     duration_s: float
     exit_status: int
+    kind: str  # one of KINDS
     environment: Mapping[str, Scalar]
     tests: tuple[TestResult, ...]
     metrics: tuple[Metric, ...] = ()
@@ -84,9 +88,10 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """Short human name: the git sha when known, else the run id."""
+        """Short human name that tells two runs of one commit apart: sha (or run id) and time."""
         sha = self.environment.get("git_sha")
-        return str(sha)[:10] if sha else self.run_id[:10]
+        stamp = self.created_at[5:19].replace("T", " ")  # MM-DD hh:mm:ss (UTC)
+        return f"{str(sha)[:8] if sha else self.run_id[:8]} {stamp}"
 
 
 def record_to_json(record: RunRecord) -> dict[str, Any]:
@@ -97,6 +102,7 @@ def record_to_json(record: RunRecord) -> dict[str, Any]:
         "created_at": record.created_at,
         "duration_s": record.duration_s,
         "exit_status": record.exit_status,
+        "kind": record.kind,
         "environment": dict(record.environment),
         "tests": [
             {
@@ -129,7 +135,7 @@ def record_to_json(record: RunRecord) -> dict[str, Any]:
 
 
 def write_record(record: RunRecord, path: str | Path) -> Path:
-    """Write the record atomically (temp file + rename)."""
+    """Write the record atomically (temp file + rename), creating missing folders."""
     text = json.dumps(record_to_json(record), indent=1, sort_keys=False, allow_nan=False)
     return write_text_atomic(path, text + "\n")
 
@@ -173,16 +179,31 @@ def record_from_json(data: Any, source: str = "<memory>") -> RunRecord:
         )
     if version < 1:
         raise RecordError(f"{top.where}: schema_version {version} is not valid")
+    tests = tuple(_test_from_json(item) for item in top.items("tests"))
+    if version >= 2:
+        kind = top.get("kind", str)
+        if kind not in KINDS:
+            raise RecordError(f"{top.where}.kind: {kind!r} is not one of {', '.join(KINDS)}")
+    else:
+        kind = kind_of_tests(tests)
     return RunRecord(
         run_id=top.get("run_id", str),
         created_at=top.get("created_at", str),
         duration_s=top.get("duration_s", float),
         exit_status=top.get("exit_status", int),
+        kind=kind,
         environment=top.mapping("environment", _scalar),
-        tests=tuple(_test_from_json(item) for item in top.items("tests")),
+        tests=tests,
         metrics=tuple(_metric_from_json(item) for item in top.items("metrics")),
         source=source,
     )
+
+
+def kind_of_tests(tests: tuple[TestResult, ...]) -> str:
+    """The kind of a version-1 record: benchmark when every test is a benchmark case."""
+    if tests and all(BENCHMARK_MARKER in test.markers for test in tests):
+        return "benchmark"
+    return "pytest"
 
 
 def _test_from_json(item: Fields) -> TestResult:

@@ -57,11 +57,12 @@ class OutcomeTrend:
     last_run: str
 
 
-def _x_positions(count: int) -> list[float]:
-    span = WIDTH - LEFT - RIGHT
+def _x_positions(count: int, inset: float = 0.0) -> list[float]:
+    """Evenly spread x positions; ``inset`` keeps wide marks (bars) off the axis labels."""
+    left, span = LEFT + inset, WIDTH - LEFT - RIGHT - 2 * inset
     if count == 1:
-        return [LEFT + span / 2]
-    return [LEFT + span * index / (count - 1) for index in range(count)]
+        return [left + span / 2]
+    return [left + span * index / (count - 1) for index in range(count)]
 
 
 def metric_trends(runs: Sequence[RunRecord]) -> tuple[TrendPlot, ...]:
@@ -128,8 +129,8 @@ def outcome_trend(runs: Sequence[RunRecord]) -> OutcomeTrend | None:
         failed = sum(outcome in FAILING_OUTCOMES for outcome in outcomes)
         tallies.append((run, passed, failed, len(outcomes) - passed - failed))
     max_total = max(1, *(passed + failed + other for _, passed, failed, other in tallies))
-    xs = _x_positions(len(runs))
     bar_width = max(2.0, min(24.0, (WIDTH - LEFT - RIGHT) / len(runs) * 0.7))
+    xs = _x_positions(len(runs), inset=bar_width / 2 + 2)
     scale = (HEIGHT - TOP - BOTTOM) / max_total
     bars = []
     for x, (run, passed, failed, other) in zip(xs, tallies, strict=True):

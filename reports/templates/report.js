@@ -58,7 +58,25 @@
     apply();
   }
 
+  // Matrix cells: one list of tests open at a time; Escape or the close button shuts it.
+  function setUpMatrix() {
+    const cells = Array.from(document.querySelectorAll("details.cell-details"));
+    cells.forEach(function (cell) {
+      const close = cell.querySelector(".cell-close");
+      close.hidden = false;
+      close.addEventListener("click", function () { cell.open = false; });
+      cell.querySelector("summary").addEventListener("click", function () {
+        if (cell.open) return;  // the click closes it; opening one closes the others
+        cells.forEach(function (other) { if (other !== cell) other.open = false; });
+      });
+    });
+    document.addEventListener("keydown", function (event) {
+      if (event.key === "Escape") cells.forEach(function (cell) { cell.open = false; });
+    });
+  }
+
   document.querySelectorAll("table.sortable").forEach(makeSortable);
   setUpFilter();
+  setUpMatrix();
   document.documentElement.setAttribute("data-report-ready", "1");
 })();

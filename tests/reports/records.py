@@ -19,12 +19,14 @@ def make_run(
     run_id: str = "current",
     created_at: str = "2026-12-02T00:00:00+00:00",
     environment: dict[str, object] | None = None,
+    kind: str = "pytest",
 ) -> RunRecord:
     return RunRecord(
         run_id=run_id,
         created_at=created_at,
         duration_s=1.5,
         exit_status=0,
+        kind=kind,
         environment=environment or {"git_sha": f"{run_id}0000000000", "engine": "reference"},
         tests=tests,
         metrics=metrics,
@@ -118,3 +120,95 @@ HOSTILE_SELECTION = {
         {"key": "spec-decode", "label": "Spec decode", "selected": False, "why": []},
     ],
 }
+
+
+MATRIX_PAIRS = ("gemma4-e2b-mtp", "gemma4-e4b-mtp", "llama3-eagle", "qwen3-mtp")
+SPEC_DECODE_CASES = (  # backend, dtype, outcome on a CPU machine
+    ("torch", "fp32", "passed"),
+    ("triton", "fp32", "passed"),
+    ("torch", "bf16", "skipped"),
+    ("flashinfer", "bf16", "skipped"),
+)
+SKIPPED_KERNEL_TESTS = 30  # one cell with more tests than a tooltip ever held
+HAZARD_TESTS = 8
+
+
+def matrix_run() -> RunRecord:
+    """A run shaped like the suites': pairs x areas x backends x dtypes, plus pair-less tests.
+
+    ``llama3-eagle``'s grouping case fails; the merged-group hazard tests carry both the
+    grouping and the kernels marker; 30 FlashInfer kernel tests without a pair all skip, as
+    do ``qwen3-mtp``'s HF parity tests (its only ones).
+    """
+
+    def case(nodeid: str, outcome: str = "passed", markers=("grouping",), **fields: str):
+        return make_test(nodeid, outcome, fields=fields, markers=markers)
+
+    tests = [
+        *(
+            case(
+                f"suites/spec_decode/test_greedy_identity.py::test_spec_decode_greedy"
+                f"[{pair}-{backend}-{dtype}-k{k}]",
+                outcome,
+                markers=("spec_decode", "mtp"),
+                pair=pair,
+                backend=backend,
+                dtype=dtype,
+            )
+            for pair in MATRIX_PAIRS
+            for backend, dtype, outcome in SPEC_DECODE_CASES
+            for k in (1, 3)
+        ),
+        *(
+            case(
+                f"suites/grouping/test_grouping_conformance.py::test_groups[{pair}-tp{tp}]",
+                "failed" if (pair, tp) == ("llama3-eagle", 2) else "passed",
+                pair=pair,
+                tp=str(tp),
+            )
+            for pair in MATRIX_PAIRS
+            for tp in (1, 2)
+        ),
+        *(
+            case(
+                f"suites/kernels/test_merged_group_hazard.py::test_merged_group_hazard[{i}]",
+                markers=("gpu", "grouping", "kernels", "mtp"),
+                pair="gemma4-e2b-mtp",
+                backend="triton",
+                dtype="fp32",
+            )
+            for i in range(HAZARD_TESTS)
+        ),
+        *(
+            case(
+                f"suites/kernels/test_flashinfer.py::test_flashinfer_decode[case{i}]",
+                "skipped",
+                markers=("kernels", "gpu"),
+                backend="flashinfer",
+                dtype="bf16",
+            )
+            for i in range(SKIPPED_KERNEL_TESTS)
+        ),
+        *(
+            case(
+                f"suites/kernels/test_step_metadata.py::test_second_step_matches_the_reference[{p}]",
+                markers=("kernels",),
+            )
+            for p in ("large-then-small", "small-then-large", "padding-reset-after-fuller-step")
+        ),
+        *(
+            case(
+                f"suites/hf_parity/test_hf_parity.py::test_target_logits_match_transformers"
+                f"[qwen3-mtp-{backend}]",
+                "skipped",
+                markers=("hf_parity", "mtp"),
+                pair="qwen3-mtp",
+                backend=backend,
+                dtype="bf16",
+            )
+            for backend in ("torch", "triton")
+        ),
+        case("suites/engine_units/test_scheduler.py::test_chunked_prefill", markers=()),
+        case("tests/ci/test_select.py::test_attention_change_selects_spec_decode", markers=()),
+    ]
+    return make_run(*tests, run_id="matrix")

@@ -16,6 +16,7 @@ from tests.reports.records import (
     hostile_history,
     make_metric,
     make_run,
+    make_test,
     noisy_samples,
 )
 
@@ -166,7 +167,7 @@ def test_build_with_history_uses_latest_earlier_run(records, tmp_path, capsys):
         == 0
     )
     assert "1 new failures, 1 metric regressions" in capsys.readouterr().out
-    assert "baseline <code>bbbbbbbbbb</code>" in output.read_text()
+    assert "baseline <code>bbbbbbbb 12-01 00:00:00</code>" in output.read_text()
 
 
 def test_build_with_empty_history_reports_the_run_alone(records, tmp_path, capsys):
@@ -262,3 +263,109 @@ def test_archive_refuses_a_broken_record(records, tmp_path, capsys):
     assert main(["archive", "--run", str(records["truncated"]), "--history", str(history)]) == 2
     assert "not valid JSON" in capsys.readouterr().err
     assert not history.exists()
+
+
+@pytest.fixture
+def benchmark_baseline(tmp_path) -> Path:
+    benchmark = make_run(
+        make_test("bench_attention::decode", markers=("bench",)),
+        run_id="bench",
+        kind="benchmark",
+    )
+    return write_record(benchmark, tmp_path / "benchmark.json")
+
+
+@pytest.mark.parametrize("command", ["compare", "build"])
+def test_records_of_different_kinds_are_refused(
+    records, benchmark_baseline, tmp_path, capsys, command
+):
+    arguments = [command, "--run", str(records["current"]), "--baseline", str(benchmark_baseline)]
+    if command == "build":
+        arguments += ["-o", str(tmp_path / "report.html")]
+    assert main(arguments) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err
+    assert "is a pytest record" in error and "is a benchmark record" in error
+    assert "--force" in error
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_force_compares_different_kinds_with_a_warning(records, benchmark_baseline, capsys):
+    code = main(
+        [
+            "compare",
+            "--run",
+            str(records["current"]),
+            "--baseline",
+            str(benchmark_baseline),
+            "--force",
+        ]
+    )
+    assert code == EXIT_REGRESSION  # the run's own failure is still judged
+    out = capsys.readouterr().out
+    assert "warning: a pytest run compared with a benchmark baseline (--force)" in out
+
+
+def test_version_1_benchmark_record_is_a_benchmark(records, tmp_path, capsys):
+    """Records written before the kind field get theirs from their tests."""
+    data = record_to_json(make_run(make_test("bench_attention::decode", markers=("bench",))))
+    del data["kind"]
+    data["schema_version"] = 1
+    old = tmp_path / "old-benchmark.json"
+    old.write_text(json.dumps(data))
+    arguments = ["compare", "--run", str(records["current"]), "--baseline", str(old)]
+    assert main(arguments) == EXIT_BAD_INPUT
+    assert "is a benchmark record" in capsys.readouterr().err
+
+
+def test_corrupt_history_record_is_left_out_and_named(records, tmp_path, capsys):
+    history = tmp_path / "history"
+    history.mkdir()
+    (history / "a-baseline.json").write_text(records["baseline"].read_text())
+    (history / "b-broken.json").write_text('{"schema": ')
+    output = tmp_path / "report.html"
+    arguments = ["--run", str(records["current"]), "--history", str(history)]
+    assert main(["build", *arguments, "-o", str(output)]) == EXIT_OK
+    assert "warning: history file left out: run record" in capsys.readouterr().err
+    html = output.read_text()
+    assert "b-broken.json" in html and "not valid JSON" in html
+    records_used = html[html.index('id="records-used"') :]
+    assert "a-baseline.json" in records_used  # the baseline it used is named
+    assert main(["compare", *arguments]) == EXIT_REGRESSION  # the baseline was still found
+    assert "b-broken.json" in capsys.readouterr().out
+
+
+def test_history_of_another_kind_is_left_out(records, benchmark_baseline, tmp_path, capsys):
+    history = tmp_path / "history"
+    history.mkdir()
+    (history / "bench.json").write_text(benchmark_baseline.read_text())
+    code = main(["compare", "--run", str(records["current"]), "--history", str(history)])
+    assert code == EXIT_REGRESSION  # failures without a baseline
+    captured = capsys.readouterr()
+    assert "a benchmark record; this run is a pytest record" in captured.err
+    assert "(no baseline)" in captured.out
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        pytest.param(
+            "missing/report.html", "the folder '{tmp}/missing' does not exist", id="no-parent"
+        ),
+        pytest.param("folder", "is a directory; name a file inside it", id="a-directory"),
+        pytest.param(
+            "file.txt/report.html", "'{tmp}/file.txt' is a file, not a directory", id="under-a-file"
+        ),
+    ],
+)
+def test_bad_output_path_is_refused_before_any_work(tmp_path, capsys, output, message):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    arguments = ["build", "--run", str(tmp_path / "no-such-run.json"), "-o", str(tmp_path / output)]
+    assert main(arguments) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err
+    assert error.startswith("error: output ") and error.count("\n") == 1
+    assert message.format(tmp=tmp_path) in error
+    assert "no-such-run" not in error  # the path was checked before the run was read
+    assert "Errno" not in error and ".tmp" not in error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "folder"]
+    assert list((tmp_path / "folder").iterdir()) == []

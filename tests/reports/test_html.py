@@ -7,6 +7,7 @@ import re
 import pytest
 
 from reports.compare import compare_runs
+from reports.history import History
 from reports.html import render_report
 from reports.selection import selection_from_json
 from tests.reports.records import (
@@ -24,7 +25,7 @@ def html() -> str:
     baseline, current = hostile_history()
     selection = selection_from_json(HOSTILE_SELECTION)
     comparison = compare_runs(current, baseline, history=(baseline,), selection=selection)
-    return render_report(comparison, history=(baseline,), selection=selection)
+    return render_report(comparison, history=History(records=(baseline,)), selection=selection)
 
 
 @pytest.mark.parametrize(
@@ -77,9 +78,9 @@ def test_regressions_come_first(html):
 
 def test_matrix_colours_cells_by_outcome(html):
     matrix = html[html.index('<section id="matrix">') : html.index('<section id="metrics">')]
-    assert 'class="cell outcome-failed"' in matrix  # the grouping case that now fails
-    assert 'class="cell outcome-not-selected"' in matrix  # spec decode step was not selected
-    assert 'class="cell outcome-passed"' in matrix  # the kernel case
+    assert 'class="cell status-failed"' in matrix  # the grouping case that now fails
+    assert 'class="cell status-not-selected"' in matrix  # spec decode step was not selected
+    assert 'class="cell status-passed"' in matrix  # the kernel case
     for label in ("Grouping", "Kernels", "Spec decode"):
         assert f"<th>{label}</th>" in matrix
 

@@ -304,21 +304,112 @@ def test_inert_unless_asked(inner):
     assert "run record:" not in result.stdout.str()
 
 
-@pytest.mark.parametrize("source", ["option", "environment", "ini"])
-def test_record_path_sources(inner, monkeypatch, source):
-    arguments = list(PLUGIN)
-    if source == "option":
-        arguments += ["--run-record", "out/from-option.json"]
-        monkeypatch.setenv("ATTENTION_GROUPING_RUN_RECORD", "ignored.json")  # the option wins
-    elif source == "environment":
-        monkeypatch.setenv("ATTENTION_GROUPING_RUN_RECORD", "out/from-environment.json")
-    else:
-        inner.makeini(SAMPLE_INI + "run_record = out/from-ini.json\n")
-    result = inner.runpytest(*arguments)
+def test_record_written_when_asked(inner):
+    result = inner.runpytest(*PLUGIN, "--run-record", "out/run.json")
     written = sorted(path.relative_to(inner.path).as_posix() for path in inner.path.rglob("*.json"))
-    assert written == [f"out/from-{source}.json"]
-    assert len(load_record(inner.path / written[0]).tests) == 10
-    result.stdout.fnmatch_lines([f"run record: *from-{source}.json"])
+    assert written == ["out/run.json"]  # the folder is created
+    record = load_record(inner.path / written[0])
+    assert (record.kind, len(record.tests)) == ("pytest", 10)
+    result.stdout.fnmatch_lines(["run record: *out/run.json"])
+
+
+def test_environment_variable_and_ini_option_do_not_ask(inner, monkeypatch):
+    """Only --run-record asks: nothing else makes every run overwrite a record."""
+    monkeypatch.setenv("ATTENTION_GROUPING_RUN_RECORD", "out/from-environment.json")
+    inner.makeini(SAMPLE_INI + "run_record = out/from-ini.json\n")
+    inner.runpytest(*PLUGIN)
+    assert list(inner.path.rglob("*.json")) == []
+
+
+GOOD_RECORD = '{"kept": true}'
+
+
+@pytest.mark.parametrize(
+    ("arguments", "conftest"),
+    [
+        pytest.param(["--collect-only"], "", id="collect-only"),
+        pytest.param(
+            [],
+            "import pytest\n\n"
+            "def pytest_collection_modifyitems(config, items):\n"
+            "    raise pytest.UsageError('--shard 3/2: INDEX must be in [0, COUNT)')\n",
+            id="usage-error-like-shard-3-of-2",
+        ),
+    ],
+)
+def test_no_record_without_a_run(inner, arguments, conftest):
+    """--collect-only and a usage error leave an earlier record as it was."""
+    if conftest:
+        inner.makeconftest(SAMPLE_CONFTEST + conftest)
+    (inner.path / "out").mkdir()
+    (inner.path / "out" / "run.json").write_text(GOOD_RECORD)
+    result = inner.runpytest(*PLUGIN, "--run-record", "out/run.json", *arguments)
+    assert (inner.path / "out" / "run.json").read_text() == GOOD_RECORD
+    assert "run record:" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        pytest.param("folder", "is a directory", id="a-directory"),
+        pytest.param("file.txt/run.json", "is a file, not a directory", id="under-a-file"),
+    ],
+)
+def test_bad_record_path_is_a_usage_error_before_any_test(inner, path, message):
+    (inner.path / "folder").mkdir()
+    (inner.path / "file.txt").write_text("x")
+    result = inner.runpytest(*PLUGIN, "--run-record", path)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--run-record: output*{message}*"])
+    assert "passed" not in result.stdout.str()
+
+
+CASE_TESTS = """
+import pytest
+
+import reference_engine.model_pairs  # the registry the suites load
+
+
+@pytest.mark.parametrize("pair", ["gemma4-e2b-mtp", "large-then-small"])
+def test_guessed(pair):
+    pass
+
+
+@pytest.mark.case(pair="qwen3-mtp", backend="torch", dtype="float32", tp=2)
+@pytest.mark.parametrize("pair", ["large-then-small"])
+def test_marked(pair):
+    pass
+"""
+FAKE_REGISTRY = "MODEL_PAIRS = {'gemma4-e2b-mtp': object(), 'qwen3-mtp': object()}\n"
+
+
+def test_case_marker_wins_and_guessed_pairs_must_be_registered(isolated):
+    isolated.makepyfile(test_cases=CASE_TESTS)
+    package = isolated.mkpydir("reference_engine")
+    (package / "model_pairs.py").write_text(FAKE_REGISTRY)
+    isolated.runpytest_subprocess(*PLUGIN, "--strict-markers", "--run-record", "run.json")
+    fields = {
+        test.nodeid.split("::")[1]: dict(test.fields)
+        for test in load_record(isolated.path / "run.json").tests
+    }
+    assert fields == {
+        "test_guessed[gemma4-e2b-mtp]": {"pair": "gemma4-e2b-mtp"},
+        "test_guessed[large-then-small]": {},  # a test parameter, not a model pair
+        "test_marked[large-then-small]": {
+            "pair": "qwen3-mtp",
+            "backend": "torch",
+            "dtype": "fp32",
+            "tp": "2",
+        },
+    }
+
+
+def test_case_marker_with_an_unknown_field_is_a_usage_error(isolated):
+    isolated.makepyfile("import pytest\n\n@pytest.mark.case(model='x')\ndef test_x():\n    pass\n")
+    result = isolated.runpytest(*PLUGIN, "--run-record", "run.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*@pytest.mark.case takes keywords pair, backend*; got model*"])
+    assert not (isolated.path / "run.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from reports.atomic import write_text_atomic
 from reports.record import RecordError, load_record, record_to_json, write_record
 from tests.reports.records import make_metric, make_run, make_test
 
@@ -49,6 +47,10 @@ def valid_document() -> dict:
         pytest.param(
             lambda d: d.update(schema_version=99), "newer than this reader", id="newer-version"
         ),
+        pytest.param(
+            lambda d: d.update(kind="junit"), "kind: 'junit' is not one of", id="unknown-kind"
+        ),
+        pytest.param(lambda d: d.pop("kind"), "required field 'kind'", id="missing-kind"),
         pytest.param(
             lambda d: d["tests"][0].update(outcome="pass"),
             r"tests\[0\].outcome: 'pass' is not one of",
@@ -103,21 +105,25 @@ def test_unreadable_input_is_a_clear_error(tmp_path, content, message):
     assert str(path) in str(error.value)
 
 
-def test_failed_write_keeps_the_previous_file(tmp_path, monkeypatch):
-    target = tmp_path / "report.html"
-    target.write_text("good report")
+@pytest.mark.parametrize(
+    ("markers", "kind"),
+    [
+        pytest.param(("bench",), "benchmark", id="bench-cases"),
+        pytest.param((), "pytest", id="tests"),
+    ],
+)
+def test_version_1_record_gets_its_kind_from_its_tests(tmp_path, markers, kind):
+    document = record_to_json(make_run(make_test("a::b", markers=markers)))
+    del document["kind"]
+    document["schema_version"] = 1
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(document))
+    assert load_record(path).kind == kind
 
-    def fail_replace(source, destination):
-        raise OSError("disk full")
 
-    monkeypatch.setattr(os, "replace", fail_replace)
-    with pytest.raises(OSError, match="disk full"):
-        write_text_atomic(target, "half")
-    assert target.read_text() == "good report"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no temp file left
-
-
-def test_atomic_write_creates_folders_and_readable_file(tmp_path):
-    target = write_text_atomic(tmp_path / "out" / "nested" / "report.html", "<html></html>")
-    assert target.read_text() == "<html></html>"
-    assert target.stat().st_mode & 0o444 == 0o444
+def test_run_labels_tell_two_runs_of_one_commit_apart():
+    environment = {"git_sha": "a" * 40}
+    first = make_run(run_id="1", created_at="2026-12-02T10:00:00+00:00", environment=environment)
+    second = make_run(run_id="2", created_at="2026-12-02T10:07:30+00:00", environment=environment)
+    assert first.label == "aaaaaaaa 12-02 10:00:00"
+    assert second.label == "aaaaaaaa 12-02 10:07:30"
