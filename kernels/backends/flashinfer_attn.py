@@ -48,7 +48,8 @@ from kernels.backends.common import (
 )
 from kernels.metadata import CommonAttentionMetadata
 
-WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace
+# FA2 prefill at head 256 plans 128 MiB of split-KV tmp_v alone on the H200 (128 MiB overflowed)
+WORKSPACE_BYTES = 256 * 1024 * 1024
 TENSOR_CORE_MAX_HEAD_SIZE = 256  # larger heads fail on the tensor-core kernels (see above)
 
 PlanKind = Literal["decode", "prefill", "expanded_decode"]

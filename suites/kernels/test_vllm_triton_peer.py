@@ -38,6 +38,9 @@ pytestmark = [
 ]
 
 BLOCK_SIZE = 16
+TF32_RELATIVE_ERROR_BOUND = 5e-3
+"""vLLM's kernel leaves ``tl.dot``'s input precision at Triton's default, TF32 on a GPU: fp32
+inputs keep 10 mantissa bits there (9.7e-4 seen on the H200); the interpreter computes in fp32."""
 
 
 def run_peer(
@@ -112,6 +115,9 @@ def run_peer(
 )
 def test_vllm_triton_fp32_under_interpreter(kind, heads, head_size, sliding_window, device):
     """Small fp32 batches; on the CPU this runs vLLM's kernel in Triton's interpreter."""
+    bound = (
+        TF32_RELATIVE_ERROR_BOUND if device.type == "cuda" else RELATIVE_ERROR_BOUND[torch.float32]
+    )
     error = run_peer(
         BATCHES_CPU[kind],
         heads=heads,
@@ -120,7 +126,7 @@ def test_vllm_triton_fp32_under_interpreter(kind, heads, head_size, sliding_wind
         device=device,
         sliding_window=sliding_window,
     )
-    assert error < RELATIVE_ERROR_BOUND[torch.float32], f"relative error {error:.2e}"
+    assert error < bound, f"relative error {error:.2e}"
 
 
 @pytest.mark.gpu
