@@ -7,11 +7,16 @@ that every row carries the measurement that justifies it.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from kernels.backends.flashinfer_attn import WRAPPER_CHOICES, WrapperChoice, choose_wrapper
 
 pytestmark = pytest.mark.kernels
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -42,3 +47,12 @@ def test_no_row_uses_fa3_or_cuda_core_decode_below_head_512() -> None:
         assert row.choice.prefill_backend in (None, "fa2")
         if row.max_head_dim <= 256:
             assert row.choice.tensor_cores
+
+
+@pytest.mark.parametrize("row", WRAPPER_CHOICES, ids=lambda row: row.choice.describe())
+def test_every_row_names_its_evidence(row) -> None:
+    """Each row names a committed result file that exists in the repository."""
+    files = re.findall(r"benchmarks/results/[\w.-]+\.json", row.evidence)
+    assert files, f"row {row.choice.describe()} names no result file"
+    missing = [name for name in files if not (REPO_ROOT / name).is_file()]
+    assert not missing, f"row {row.choice.describe()} cites missing result files {missing}"
