@@ -1,7 +1,9 @@
-"""Decode, verify and draft attention on the GPU: Triton against FlashInfer, as the engine runs them.
+"""Decode, verify and draft attention on the GPU: our Triton kernel against its two peers.
 
 Every case goes through the backends' own builders and implementations
-(``kernels.registry``), on a bf16 paged KV cache with shuffled pages (page 16):
+(``kernels.registry``; the peer "vllm-triton", vLLM 0.34.0's own Triton kernel
+driven as vLLM's Triton backend drives it, from ``kernels.backends.vllm_triton_peer``),
+on a bf16 paged KV cache with shuffled pages (page 16):
 
 - decode: one new token per request, the target's query heads;
 - verify: four tokens per request (three drafts plus the bonus), causal;
@@ -13,7 +15,8 @@ the whole context, as full attention) and Llama 3 (32 q / 8 kv / head 128), at
 64 x 8k and 16 x 32k tokens of context. It prints, per case and backend, the
 median latency over the timed runs (L2 flushed before each), the KV bytes read
 per second and their fraction of the device-to-device copy bandwidth measured in
-the same run, p10/p90, and the Triton / FlashInfer latency ratio; ``--json``
+the same run, p10/p90, and Triton's latency over each peer's and over the
+fastest peer's (``triton_over_best_peer``); ``--json``
 writes the metrics as a list of ``{name, value, unit, samples, higher_is_better}``,
 ``--record`` as a run record for ``python -m reports compare`` (``benchmarks.run_record``).
 
@@ -55,7 +58,8 @@ from benchmarks.timing import (
     time_cuda,
 )
 from kernels.attention_oracle import paged_attention_reference
-from kernels.backend import AttentionLayerParams
+from kernels.backend import AttentionBackend, AttentionLayerParams
+from kernels.backends.vllm_triton_peer import VllmTritonPeerBackend, missing_reason, split_kv_path
 from kernels.metadata import CommonAttentionMetadata, cdiv
 from kernels.registry import get_backend
 from kernels.triton_unified_attention import select_path
@@ -68,7 +72,9 @@ BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
 DRAFT_HEADS = 4
 VERIFY_QUERY_LEN = 4
-BACKENDS = ("triton", "flashinfer")
+PEERS = ("flashinfer", "vllm-triton")
+BACKENDS = ("triton", *PEERS)
+PEER_BACKENDS: dict[str, type[AttentionBackend]] = {"vllm-triton": VllmTritonPeerBackend}
 CHECKED_REQUESTS = 2  # requests per case compared with the oracle (its cost grows with context)
 MAX_RELATIVE_ERROR = 2e-2
 
@@ -220,7 +226,7 @@ class BackendRun:
 
 def prepare(backend_name: str, case: Case, common, cache: KVCache, query, device) -> BackendRun:
     """Builder, build and impl as the engine does them; ``run`` launches only the kernel."""
-    backend = get_backend(backend_name)
+    backend = backend_class(backend_name)
     layer = case.layer()
     builder = backend.get_builder_cls()(
         kv_cache_spec(case),
@@ -239,10 +245,16 @@ def prepare(backend_name: str, case: Case, common, cache: KVCache, query, device
     return BackendRun(backend_name, run, output, describe_path(backend_name, case, metadata))
 
 
+def backend_class(name: str) -> type[AttentionBackend]:
+    """An engine backend from the registry, or a benchmark-only peer."""
+    return PEER_BACKENDS.get(name) or get_backend(name)
+
+
 def describe_path(backend_name: str, case: Case, metadata) -> str:
     if backend_name == "flashinfer":
-        tensor_cores = metadata.plan.use_tensor_core_decode or metadata.kind == "prefill"
-        return f"{metadata.kind}{'/tensor-cores' if tensor_cores else '/cuda-cores'}"
+        return metadata.plan.choice(metadata.common).describe()
+    if backend_name == "vllm-triton":
+        return f"vllm-{split_kv_path(metadata, case.num_heads_q, case.shape.num_kv_heads)}"
     return select_path(
         num_seqs=case.batch_size,
         max_query_len=case.query_len,
@@ -334,20 +346,29 @@ def graph_replay_metrics(
     return metrics, error < MAX_RELATIVE_ERROR
 
 
-def ratio_metric(case: Case, timings: dict[str, Timing]) -> Metric | None:
-    """Triton / FlashInfer median latency, with the p10/p90 spread printed."""
-    if not {"triton", "flashinfer"} <= timings.keys():
-        return None
-    triton, flashinfer = timings["triton"], timings["flashinfer"]
-    ratio = triton.median_us / flashinfer.median_us
-    low = triton.percentile_us(10) / flashinfer.percentile_us(90)
-    high = triton.percentile_us(90) / flashinfer.percentile_us(10)
-    print(f"{case.name:<44} triton/flashinfer {ratio:.2f} (p10/p90 spread {low:.2f}-{high:.2f})")
-    return Metric(f"{case.name}.triton_over_flashinfer", ratio, "ratio", [], False)
+def ratio_metrics(case: Case, timings: dict[str, Timing]) -> list[Metric]:
+    """Triton's median latency over each timed peer's and over the fastest peer's."""
+    if "triton" not in timings:
+        return []
+    triton = timings["triton"]
+    peers = {name: timings[name] for name in PEERS if name in timings}
+    metrics = []
+    for name, peer in peers.items():
+        ratio = triton.median_us / peer.median_us
+        low = triton.percentile_us(10) / peer.percentile_us(90)
+        high = triton.percentile_us(90) / peer.percentile_us(10)
+        print(f"{case.name:<44} triton/{name} {ratio:.2f} (p10/p90 spread {low:.2f}-{high:.2f})")
+        metrics.append(Metric(f"{case.name}.triton_over_{name}", ratio, "ratio", [], False))
+    if peers:
+        best = min(peers, key=lambda name: peers[name].median_us)
+        ratio = triton.median_us / peers[best].median_us
+        print(f"{case.name:<44} triton/best peer ({best}) {ratio:.2f}")
+        metrics.append(Metric(f"{case.name}.triton_over_best_peer", ratio, "ratio", [], False))
+    return metrics
 
 
 def available(backend_names: Sequence[str], device: torch.device) -> list[str]:
-    return [name for name in backend_names if get_backend(name).is_available(device)]
+    return [name for name in backend_names if backend_class(name).is_available(device)]
 
 
 def run_cases(
@@ -367,7 +388,11 @@ def run_cases(
         metrics.append(Metric("device.copy_bandwidth", copy_bw / 1e12, "TB/s", samples, True))
     backend_names = available(args.backends, device)
     for name in sorted(set(args.backends) - set(backend_names)):
-        print(f"skipping {name}: not available on {device}", file=sys.stderr)
+        why = missing_reason() if name == "vllm-triton" else None
+        print(
+            f"skipping {name}: not available on {device}{f' ({why})' if why else ''}",
+            file=sys.stderr,
+        )
     torch.manual_seed(0)
     for case, cache in cases_with_caches(args, device):
         query = torch.randn(
@@ -399,9 +424,7 @@ def run_cases(
                 )
                 metrics.extend(graph_metrics)
                 status = status if graph_ok else 1
-        ratio = ratio_metric(case, timings)
-        if ratio is not None:
-            metrics.append(ratio)
+        metrics.extend(ratio_metrics(case, timings))
         # after every case: a run cut short keeps what it measured
         write_outputs(args, metrics, record)
     return metrics, status
@@ -466,7 +489,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--backends",
         type=comma_list,
         default=list(BACKENDS),
-        help="comma-separated: triton,flashinfer",
+        help=f"comma-separated, of {','.join(BACKENDS)} (default: all that can run)",
     )
     parser.add_argument(
         "--shapes",

@@ -1,12 +1,15 @@
-"""The README's performance table and the issue's target checks, from a ``bench_attention`` JSON.
+"""The README's performance table, from a ``bench_attention`` metric list (``--json``).
 
 Everything is derived from one run's metrics, so the ratios compare timings
 taken side by side: verify / decode and draft / target (decode) per shape and
-context, Triton / FlashInfer per case. A run with ``--cuda-graph`` adds Triton's
-graph-replay latency and the same ratio to decode from the replays (kernel time
-without the host's launch work).
+context; per case, each peer's latency (FlashInfer on the path its backend
+chose, vLLM's own Triton kernel) and Triton's latency over the fastest peer's
+("vs best peer"). A run with ``--cuda-graph`` adds Triton's graph-replay
+latency and the same ratio to decode from the replays (kernel time without the
+host's launch work). A run record (``--record``, a JSON object) is refused with
+exit 2: it leaves the ratios out; give the metric list it was made from.
 
-    python -m benchmarks.table benchmarks/results/h200-2026-12-02-graph-matrix.json
+    python -m benchmarks.table benchmarks/results/h200-2026-12-03-best-peer-matrix.json
 """
 
 from __future__ import annotations
@@ -29,8 +32,19 @@ class CaseResult:
     triton_us: float
     triton_tb_per_s: float
     fraction_of_copy: float
-    flashinfer_us: float | None
+    peer_us: dict[str, float]  # peer backend -> latency, for the peers this case ran
     triton_graph_us: float | None = None
+
+    @property
+    def best_peer(self) -> str | None:
+        return min(self.peer_us, key=self.peer_us.__getitem__) if self.peer_us else None
+
+
+PEER_COLUMNS = {"flashinfer": "FlashInfer", "vllm-triton": "vLLM Triton"}
+
+
+class NotAMetricListError(ValueError):
+    """The file is JSON but not a bench_attention metric list (e.g. a run record)."""
 
 
 def load_cases(metrics: Sequence[dict]) -> list[CaseResult]:
@@ -51,7 +65,11 @@ def load_cases(metrics: Sequence[dict]) -> list[CaseResult]:
                     values[f"{key}.triton.latency"],
                     values[f"{key}.triton.kv_read_bandwidth"],
                     values[f"{key}.triton.fraction_of_copy_bandwidth"],
-                    values.get(f"{key}.flashinfer.latency"),
+                    {
+                        peer: values[f"{key}.{peer}.latency"]
+                        for peer in PEER_COLUMNS
+                        if f"{key}.{peer}.latency" in values
+                    },
                     values.get(f"{key}.triton.graph_latency"),
                 )
             )
@@ -71,19 +89,23 @@ def _ratio(numerator: float | None, denominator: float | None) -> str:
 def markdown_table(results: Sequence[CaseResult]) -> str:
     by_key = {(r.mode, r.shape, r.context): r for r in results}
     graphs = any(r.triton_graph_us is not None for r in results)
-    header = (
-        "| case | Triton us | TB/s | % of copy | FlashInfer us | Triton / FlashInfer | vs decode |"
-    )
+    peers = [peer for peer in PEER_COLUMNS if any(peer in r.peer_us for r in results)]
+    header = "| case | Triton us | TB/s | % of copy |"
+    header += "".join(f" {PEER_COLUMNS[peer]} us |" for peer in peers)
+    header += " vs best peer | vs decode |"
     if graphs:
         header += " Triton graph us | graph vs decode |"
     lines = [header, "|" + " --- |" * (header.count("|") - 1)]
     for r in results:
         decode = by_key.get(("decode", r.shape, r.context))
         versus_decode = r.mode != "decode" and decode is not None
+        best = r.best_peer
+        versus_best = "—" if best is None else f"{r.triton_us / r.peer_us[best]:.2f} ({best})"
         line = (
             f"| {r.mode} {r.shape} {r.context} | {r.triton_us:.1f} | {r.triton_tb_per_s:.2f} | "
-            f"{100 * r.fraction_of_copy:.1f} % | {_microseconds(r.flashinfer_us)} | "
-            f"{_ratio(r.triton_us, r.flashinfer_us)} | "
+            f"{100 * r.fraction_of_copy:.1f} % |"
+            + "".join(f" {_microseconds(r.peer_us.get(peer))} |" for peer in peers)
+            + f" {versus_best} | "
             f"{_ratio(r.triton_us, decode.triton_us) if versus_decode else ''} |"
         )
         if graphs:
@@ -95,13 +117,25 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
     return "\n".join(lines)
 
 
+def read_metric_list(path: Path) -> list[dict]:
+    data = json.loads(path.read_text())
+    if isinstance(data, dict):
+        raise NotAMetricListError(
+            "this is a run record (a JSON object; it leaves the per-case ratios out), not a "
+            "bench_attention metric list: give the --json file it was made from (the committed "
+            "runs keep it beside the record, NAME.json for NAME.record.json)"
+        )
+    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
+        raise NotAMetricListError("expected a JSON list of metric objects (bench_attention --json)")
+    return data
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.table", description=__doc__)
     parser.add_argument("run", type=Path, help="a JSON file written by bench_attention --json")
     args = parser.parse_args(argv)
     try:
-        metrics = json.loads(args.run.read_text())
-        results = load_cases(metrics)
+        results = load_cases(read_metric_list(args.run))
     except (OSError, json.JSONDecodeError, ValueError, KeyError, TypeError) as error:
         print(f"error: {args.run}: {error}", file=sys.stderr)
         return 2

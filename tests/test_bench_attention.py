@@ -13,8 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.bench_attention import MAX_RELATIVE_ERROR, SHAPES, Case, cases, parse_args
+from benchmarks.bench_attention import (
+    BACKENDS,
+    MAX_RELATIVE_ERROR,
+    SHAPES,
+    Case,
+    cases,
+    parse_args,
+    ratio_metrics,
+)
 from benchmarks.timing import Timing
+from kernels.registry import BACKEND_PATHS, UnknownBackendError, get_backend
 from reports.record import load_record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -163,3 +172,33 @@ def test_timing_percentiles() -> None:
 def test_cases_follow_the_context_and_mode_selection(contexts, modes, expected) -> None:
     selected = cases(False, True, ["gemma4-e2b-sliding-d256"], contexts, modes)
     assert [case.name for case in selected] == expected
+
+
+def test_ratios_over_each_peer_and_the_fastest(capsys) -> None:
+    """Triton over FlashInfer, over vLLM's Triton, and over whichever of them was faster."""
+    case = cases(False, True, ["gemma4-e2b-sliding-d256"], ["b3x80"], ["decode"])[0]
+
+    def timing(median: float) -> Timing:
+        return Timing((median - 1.0, median, median + 1.0))
+
+    metrics = ratio_metrics(
+        case,
+        {"triton": timing(150.0), "flashinfer": timing(120.0), "vllm-triton": timing(200.0)},
+    )
+    values = {metric.name.removeprefix(f"{case.name}."): metric.value for metric in metrics}
+    assert values == pytest.approx(
+        {
+            "triton_over_flashinfer": 1.25,
+            "triton_over_vllm-triton": 0.75,
+            "triton_over_best_peer": 1.25,
+        }
+    )
+    assert "triton/best peer (flashinfer) 1.25" in capsys.readouterr().out
+
+
+def test_vllm_triton_peer_is_no_engine_backend() -> None:
+    """The peer runs in the benchmarks only: users cannot pick it for the engine."""
+    assert "vllm-triton" in BACKENDS
+    assert "vllm-triton" not in BACKEND_PATHS
+    with pytest.raises(UnknownBackendError):
+        get_backend("vllm-triton")

@@ -6,15 +6,15 @@ them in ``build`` with the group's ``num_qo_heads``, the KV geometry, the
 window (``window_left = W - 1``: our window counts the current token,
 FlashInfer's does not), the soft cap and the scale:
 
-- pure decode (every query one token): ``BatchDecodeWithPagedKVCacheWrapper``,
-  on tensor cores when the GQA group is larger than 4 (vLLM's rule), on CUDA
-  cores for head size 512 (the tensor-core kernels reject it on the H200:
-  "Invalid configuration");
-- anything longer (verify, prefill, mixed): ``BatchPrefillWithPagedKVCacheWrapper``
-  with a causal mask (tensor cores). Its FA2 kernel cannot hold a 512-wide head
-  (``IsInvalid()`` in prefill.cuh for ``NUM_MMA_D_VO = 32``), so for head size 512
-  every query token becomes its own one-token request over its causal prefix and
-  runs through the CUDA-core decode wrapper.
+Which wrapper, and with which options, is chosen per head size and query
+length by one table, ``WRAPPER_CHOICES``: each row names the H200 measurement
+that put it there (README "FlashInfer's path"). In short: decode on tensor
+cores up to head 256 (at every GQA group size), FA2 prefill for multi-token
+queries up to head 256 (FlashInfer's default FA3 prefill is 4-8x slower on
+short queries), and at head 512 the CUDA-core decode wrapper, with every
+query token of a longer query expanded into its own one-token request (the
+tensor-core kernels reject a 512-wide head). ``flashinfer.BatchAttention`` is
+never used: at head 512 it leaves the CUDA context in a sticky error.
 
 FlashInfer reads the head count from ``q`` at run time but fixes its work
 partition at plan time, and never compares the two: a q with more heads than
@@ -48,11 +48,82 @@ from kernels.backends.common import (
 )
 from kernels.metadata import CommonAttentionMetadata
 
-WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace
-TENSOR_CORE_MIN_GROUP_SIZE = 5  # vLLM: tensor-core decode when num_qo_heads // num_kv_heads > 4
+# FA2 prefill at head 256 plans 128 MiB of split-KV tmp_v alone on the H200 (128 MiB overflowed)
+WORKSPACE_BYTES = 256 * 1024 * 1024
 TENSOR_CORE_MAX_HEAD_SIZE = 256  # larger heads fail on the tensor-core kernels (see above)
 
 PlanKind = Literal["decode", "prefill", "expanded_decode"]
+EVIDENCE_RUN = "benchmarks/results/h200-2026-12-03-best-peer-matrix.json"
+EARLIER_RUN = "benchmarks/results/h200-2026-12-02-graph-matrix.json"
+
+
+@dataclass(frozen=True)
+class WrapperChoice:
+    """One FlashInfer wrapper with its options: what the builder plans for a batch."""
+
+    kind: PlanKind  # decode / expanded_decode: BatchDecode...; prefill: BatchPrefill...
+    tensor_cores: bool  # BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=...)
+    prefill_backend: str | None  # BatchPrefillWithPagedKVCacheWrapper(backend=...)
+
+    def describe(self) -> str:
+        if self.kind == "prefill":
+            return f"prefill/{self.prefill_backend}"
+        return f"{self.kind}/{'tensor-cores' if self.tensor_cores else 'cuda-cores'}"
+
+
+@dataclass(frozen=True)
+class ChoiceRow:
+    """A rule of the choice table: head sizes and query length -> wrapper, with its evidence."""
+
+    max_head_dim: int  # the row serves head sizes up to this (rows are tried in order)
+    multi_token: bool  # False: every query is one token; True: some query is longer
+    choice: WrapperChoice
+    evidence: str  # the measurement that put this choice here (command, result file, figures)
+
+
+WRAPPER_CHOICES: tuple[ChoiceRow, ...] = (
+    ChoiceRow(
+        TENSOR_CORE_MAX_HEAD_SIZE,
+        multi_token=False,
+        choice=WrapperChoice("decode", tensor_cores=True, prefill_backend=None),
+        evidence=f"python -m benchmarks.bench_attention: decode and draft, CUDA cores in {EARLIER_RUN} "
+        f"against tensor cores in {EVIDENCE_RUN} (Llama 32q/8kv 64x8k: 769.4 us on CUDA cores; "
+        "e4b 8q/2kv head 256: 386.9 us on CUDA cores)",
+    ),
+    ChoiceRow(
+        TENSOR_CORE_MAX_HEAD_SIZE,
+        multi_token=True,
+        choice=WrapperChoice("prefill", tensor_cores=True, prefill_backend="fa2"),
+        evidence=f"python -m benchmarks.bench_attention: verify (q_len 4), default backend (FA3 on "
+        f"sm90) in {EARLIER_RUN} against fa2 in {EVIDENCE_RUN} (FA3: e2b head 256 64x8k 1146.6 us, "
+        "Llama 64x8k 2116.6 us)",
+    ),
+    ChoiceRow(
+        512,
+        multi_token=False,
+        choice=WrapperChoice("decode", tensor_cores=False, prefill_backend=None),
+        evidence="the only decode FlashInfer 0.6.13 runs at head 512: use_tensor_cores=True fails "
+        '("Invalid configuration: NUM_MMA_Q=1 NUM_MMA_D_QK=32"); BatchAttention leaves a sticky '
+        f"CUDA error; timed in {EVIDENCE_RUN}",
+    ),
+    ChoiceRow(
+        512,
+        multi_token=True,
+        choice=WrapperChoice("expanded_decode", tensor_cores=False, prefill_backend=None),
+        evidence="FA2 prefill cannot hold a 512-wide head (IsInvalid() for NUM_MMA_D_VO = 32 in "
+        "prefill.cuh), tensor-core decode fails as above: each query token becomes a one-token "
+        f"CUDA-core decode request; timed in {EVIDENCE_RUN}",
+    ),
+)
+
+
+def choose_wrapper(head_dim: int, multi_token: bool) -> WrapperChoice:
+    """The first row of ``WRAPPER_CHOICES`` that serves this head size and query length
+    (``multi_token``: some request's query is not exactly one token)."""
+    for row in WRAPPER_CHOICES:
+        if head_dim <= row.max_head_dim and row.multi_token == multi_token:
+            return row.choice
+    raise ValueError(f"FlashInfer has no wrapper choice for head size {head_dim}")
 
 
 class StalePlanError(RuntimeError):
@@ -104,17 +175,14 @@ class FlashInferPlanParams:
 
     @property
     def use_tensor_core_decode(self) -> bool:
-        group_size = self.num_qo_heads // self.num_kv_heads
-        return group_size >= TENSOR_CORE_MIN_GROUP_SIZE and self.supports_tensor_cores
+        return choose_wrapper(self.head_dim, multi_token=False).tensor_cores
 
-    @property
-    def supports_tensor_cores(self) -> bool:
-        return self.head_dim <= TENSOR_CORE_MAX_HEAD_SIZE
+    def choice(self, common: CommonAttentionMetadata) -> WrapperChoice:
+        multi_token = not bool((common.query_lens_cpu == 1).all())
+        return choose_wrapper(self.head_dim, multi_token)
 
     def plan_kind(self, common: CommonAttentionMetadata) -> PlanKind:
-        if bool((common.query_lens_cpu == 1).all()):
-            return "decode"
-        return "prefill" if self.supports_tensor_cores else "expanded_decode"
+        return self.choice(common).kind
 
     def check_serves(self, query: torch.Tensor, layer: AttentionLayerParams) -> None:
         """Refuse a q or a layer that this plan was not made for.
@@ -268,7 +336,10 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.plan.use_tensor_core_decode
         )
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        prefill = choose_wrapper(self.plan.head_dim, multi_token=True)
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=prefill.prefill_backend or "auto"
+        )
         self.generation = 0
 
     def build(self, common: CommonAttentionMetadata) -> FlashInferMetadata:
@@ -337,6 +408,7 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
                 "sm_scale": plan.sm_scale,
                 "dtype": str(plan.dtype).removeprefix("torch."),
                 "tensor_core_decode": plan.use_tensor_core_decode,
+                "multi_token_path": choose_wrapper(plan.head_dim, multi_token=True).describe(),
             },
         )
 
