@@ -11,6 +11,7 @@ undeclared paths and unrun tests are recorded verbatim.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,6 @@ from pathlib import Path
 from ci.deps import DependencyReport, StepReport
 from ci.errors import CIInputError
 from ci.fix import write_atomically
-from ci.selection import matches_dependency
 
 FORMAT = "ci-check-deps-baseline/1"
 
@@ -29,6 +29,11 @@ class StepBaseline:
     problems: tuple[str, ...] = ()
     missing_declared: tuple[str, ...] = ()
 
+    @functools.cached_property
+    def entry_set(self) -> frozenset[str]:
+        """Entries without their trailing ``/`` (a path is under ``d`` when a prefix is ``d``)."""
+        return frozenset(entry.rstrip("/") for entry in self.entries)
+
 
 @dataclass(frozen=True)
 class Baseline:
@@ -36,8 +41,13 @@ class Baseline:
     orphan_tests: frozenset[str] = frozenset()
 
     def covers_gap(self, key: str, path: str) -> bool:
+        """Whether ``path`` lies under one of step ``key``'s recorded entries."""
         step = self.steps.get(key)
-        return step is not None and any(matches_dependency(entry, path) for entry in step.entries)
+        if step is None:
+            return False
+        parts = path.split("/")
+        candidates = {"/".join(parts[:depth]) for depth in range(1, len(parts) + 1)}
+        return not candidates.isdisjoint(step.entry_set)
 
 
 def baseline_of(report: DependencyReport) -> dict:

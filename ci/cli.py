@@ -193,7 +193,11 @@ def command_check_deps(args: argparse.Namespace) -> int:
                 for item in missed
             ]
         document = missed_json(missed, selection)
-        print(json.dumps(document, indent=1) if args.json else format_missed(missed, selection))
+        print(
+            json.dumps(document, indent=1)
+            if args.json
+            else format_missed(missed, selection, args.verbose)
+        )
         return 0 if document["ok"] else EXIT_GAPS
     report = checker.check_all()
     if args.fix:

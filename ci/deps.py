@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tomllib
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,16 +141,21 @@ class _Coverage:
             bits &= ~self.under.get(entry.rstrip("/"), 0)
         return bits
 
-    def suggest(self, path: str, outside: int, pure: dict[str, bool]) -> str:
-        """The shortest directory entry covering ``path`` and nothing in ``outside``."""
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            directory = "/".join(parts[:depth])
-            if directory not in pure:
-                pure[directory] = not self.under[directory] & outside
-            if pure[directory]:
-                return f"{directory}/"
-        return path
+    def suggest(self, path: str, outside: int, known: dict[str, str | None]) -> str:
+        """The shortest directory entry covering ``path`` and nothing in ``outside``
+        (``known`` remembers the answer per parent directory, for one step)."""
+        parent = path.rpartition("/")[0]
+        if parent not in known:
+            parts = parent.split("/") if parent else []
+            known[parent] = next(
+                (
+                    f"{directory}/"
+                    for directory in ("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+                    if not self.under[directory] & outside
+                ),
+                None,
+            )
+        return known[parent] or path
 
 
 @dataclass(frozen=True)
@@ -228,8 +234,8 @@ def _missing_declared(step: Step, repo_root: Path) -> list[str]:
     ]
 
 
-def _ignore_reason(config: RunConfig, key: str, path: str) -> str | None:
-    ignores = config.dependency_check.ignore.get(key, {})
+def _ignore_reason(ignores: Mapping[str, str], path: str) -> str | None:
+    """The reason of the first ``ignore`` entry (path -> reason) that covers ``path``."""
     return next((why for entry, why in ignores.items() if matches_dependency(entry, path)), None)
 
 
@@ -284,16 +290,18 @@ class DependencyChecker:
         static, reachable = self._reach(scope)
         covered = self.coverage.covered(step.dependencies)
         outside = self.coverage.all & ~(reachable | covered)
-        pure: dict[str, bool] = {}
+        known: dict[str, str | None] = {}
+        ignores = self.config.dependency_check.ignore.get(step.key, {})
+        static_gaps = set(members(static & ~covered))
         gaps, ignored = [], []
         for index in members(reachable & ~covered):
             path = self.graph.nodes[index]
-            reason = _ignore_reason(self.config, step.key, path)
+            reason = _ignore_reason(ignores, path) if ignores else None
             if reason is not None:
                 ignored.append((path, reason))
                 continue
-            kind = STATIC if static >> index & 1 else REGISTRY
-            gaps.append(Gap(path, kind, self.coverage.suggest(path, outside, pure)))
+            kind = STATIC if index in static_gaps else REGISTRY
+            gaps.append(Gap(path, kind, self.coverage.suggest(path, outside, known)))
         problems = [
             *scope.problems,
             *_selection_problems(self.repo_root, scope, step.key, selected, inventory),
@@ -355,17 +363,17 @@ class DependencyChecker:
                 continue
             scope = self.scopes[step.key]
             reachable = self._reach(scope)[1]
+            ignores = self.config.dependency_check.ignore.get(step.key, {})
             hits = [
                 path
                 for path in changed
-                if reachable >> position[path] & 1
-                and _ignore_reason(self.config, step.key, path) is None
+                if reachable >> position[path] & 1 and _ignore_reason(ignores, path) is None
             ]
             if not hits:
                 continue
             covered = self.coverage.covered(step.dependencies)
             outside = self.coverage.all & ~(reachable | covered)
-            pure: dict[str, bool] = {}
+            known: dict[str, str | None] = {}
             for path in hits:
                 chain, kind = self.graph.chain(scope.roots, path)
                 missed.append(
@@ -375,7 +383,7 @@ class DependencyChecker:
                         path,
                         kind,
                         chain,
-                        self.coverage.suggest(path, outside, pure),
+                        self.coverage.suggest(path, outside, known),
                     )
                 )
         return missed

@@ -39,7 +39,7 @@ class TestInventory:
     __test__ = False  # not a pytest test class
 
     def __init__(self, repo_root: Path, paths: Iterable[str], cache_dir: Path | None) -> None:
-        conftests: dict[str, bytes] = {}
+        conftest_keys: dict[str, bytes] = {}
 
         def read(path: str) -> bytes:
             try:
@@ -49,11 +49,12 @@ class TestInventory:
 
         keys = {}
         for path in paths:
-            for conftest in conftest_chain(repo_root, path):
-                if conftest not in conftests:
-                    conftests[conftest] = read(conftest)
-            chain = [conftests[conftest] for conftest in conftest_chain(repo_root, path)]
-            keys[f"{repo_root}\0{path}"] = content_key(read(path), *chain)
+            chain = conftest_chain(repo_root, path)
+            for conftest in chain:
+                if conftest not in conftest_keys:
+                    conftest_keys[conftest] = content_key(read(conftest)).encode()
+            key = content_key(read(path), *(conftest_keys[conftest] for conftest in chain))
+            keys[f"{repo_root}\0{path}"] = key
         cache_file = cache_dir / "tests.json" if cache_dir is not None else None
         found = cached_map(cache_file, keys, _tests_of, _is_tests)
         self.tests = {

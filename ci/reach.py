@@ -70,9 +70,10 @@ def closures(successors: Sequence[Sequence[int]]) -> list[int]:
 
 def members(bits: int) -> list[int]:
     """Indices of the set bits, ascending."""
+    text = bin(bits)[:1:-1]  # least significant bit first
     found = []
-    while bits:
-        lowest = bits & -bits
-        found.append(lowest.bit_length() - 1)
-        bits ^= lowest
+    index = text.find("1")
+    while index != -1:
+        found.append(index)
+        index = text.find("1", index + 1)
     return found

@@ -192,8 +192,17 @@ def test_change_to_one_backend_names_exactly_the_unselected_steps_that_reach_it(
         ),
     ]
     text = _check(repo, "--base", "main").stdout
-    assert "[MISSED] spec-decode-eagle" in text and "attention-backends" not in text
-    assert len(text.splitlines()) == 8
+    assert text.splitlines() == [
+        "check-deps --base main: 1 changed files; 2 unselected steps import them",
+        f"{BACKENDS}/triton_attn.py: imported by 2 unselected steps",
+        "  [MISSED] e2e-spec-decode (ci/test_areas/v1.yaml:25, registry): add 'vllm/v1/attention/'",
+        f"      tests/v1/e2e/test_spec_decode.py -> vllm/v1/spec_decode/eagle.py -> "
+        f"{BACKENDS}/registry.py -> {BACKENDS}/triton_attn.py",
+        "  [MISSED] spec-decode-eagle (ci/test_areas/v1.yaml:3, registry): add 'vllm/v1/attention/'",
+        f"      tests/v1/spec_decode/test_eagle.py -> vllm/v1/spec_decode/eagle.py -> "
+        f"{BACKENDS}/registry.py -> {BACKENDS}/triton_attn.py",
+        "missed triggers FOUND",
+    ]
 
 
 def test_change_that_no_unselected_step_imports_passes(repo):
@@ -268,3 +277,15 @@ def test_a_corrupt_parse_cache_is_rebuilt(repo, tmp_path):
         cache.write_text("{truncated")
     assert _check(repo).stdout == first
     assert all(json.loads(cache.read_text()) for cache in (tmp_path / "cache").rglob("*.json"))
+
+
+def test_change_mode_with_a_baseline_marks_recorded_gaps_known(repo, tmp_path):
+    baseline = tmp_path / "baseline.json"
+    assert _check(repo, "--write-baseline", str(baseline)).exit_code == 0
+    git(repo, "checkout", "-q", "-b", "change")
+    write_tree(repo, {f"{BACKENDS}/flash_attn.py": "class FlashAttentionBackend:\n    x = 1\n"})
+    commit_all(repo, "change a backend")
+    result = _check(repo, "--base", "main", "--baseline", str(baseline))
+    assert result.exit_code == 0, result.stdout
+    assert "  [known] spec-decode-eagle" in result.stdout
+    assert result.stdout.endswith("no missed triggers\n")
