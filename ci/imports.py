@@ -215,26 +215,6 @@ class ImportGraph:
                         bits |= reachable[position[target]]
         return bits
 
-    def closure(
-        self, roots: dict[str, int], kinds: tuple[str, ...] = (STATIC, REGISTRY)
-    ) -> dict[str, tuple[int, str | None]]:
-        """Every file reachable from ``roots`` (path -> start distance) as path -> (distance,
-        the file that imported it). Breadth-first, so each distance is the shortest."""
-        reached: dict[str, tuple[int, str | None]] = {}
-        queue: deque[str] = deque()
-        for path, distance in sorted(roots.items(), key=lambda item: item[1]):
-            if path not in reached:
-                reached[path] = (distance, None)
-                queue.append(path)
-        while queue:
-            path = queue.popleft()
-            distance = reached[path][0]
-            for target in self._successors(path, kinds):
-                if target not in reached:
-                    reached[target] = (distance + 1, path)
-                    queue.append(target)
-        return reached
-
     def chain(self, roots: Iterable[str], target: str) -> tuple[tuple[str, ...], str]:
         """The shortest import chain root -> ... -> ``target``, and its kind (``registry``
         when no static chain exists). Stops as soon as ``target`` is reached."""

@@ -18,8 +18,9 @@ from ci.areas import load_test_areas
 from ci.config import load_run_config, load_test_area_file
 from ci.deps import check_dependencies
 from ci.fix import add_dependencies
-from ci.imports import ImportGraph
+from ci.imports import REGISTRY, STATIC, ImportGraph
 from ci.pytest_commands import pytest_runs
+from ci.reach import closures, members
 from ci.test_inventory import collected_files, selected_tests
 from tests.ci.helpers import RUN_CONFIG, run_cli, write_tree
 
@@ -192,6 +193,10 @@ NOT_RUNTIME_EDGES = {
 }
 
 
+def _reached(graph: ImportGraph, root: str) -> set[str]:
+    return {graph.nodes[index] for index in members(graph.reach([root], (STATIC, REGISTRY)))}
+
+
 def _graph_of_user(root: Path, source: str, registries: tuple[str, ...]) -> ImportGraph:
     write_tree(
         root,
@@ -207,16 +212,15 @@ def _graph_of_user(root: Path, source: str, registries: tuple[str, ...]) -> Impo
 
 @pytest.mark.parametrize("source", IMPORT_FORMS.values(), ids=IMPORT_FORMS.keys())
 def test_import_forms_reach_the_module(tmp_path, source):
-    closure = _graph_of_user(tmp_path, source, ("pkg/user.py",)).closure({"pkg/user.py": 0})
-    assert "pkg/target.py" in closure
-    assert closure["pkg/__init__.py"][0] == 1
-    assert "pkg/unrelated.py" not in closure
+    graph = _graph_of_user(tmp_path, source, ("pkg/user.py",))
+    assert _reached(graph, "pkg/user.py") == {"pkg/user.py", "pkg/__init__.py", "pkg/target.py"}
+    assert graph.chain(["pkg/user.py"], "pkg/__init__.py")[0] == ("pkg/user.py", "pkg/__init__.py")
 
 
 @pytest.mark.parametrize("source", NOT_RUNTIME_EDGES.values(), ids=NOT_RUNTIME_EDGES.keys())
 def test_type_checking_and_strings_outside_registries_are_no_edges(tmp_path, source):
     graph = _graph_of_user(tmp_path, source, ())
-    assert set(graph.closure({"pkg/user.py": 0})) == {"pkg/user.py", "pkg/__init__.py"}
+    assert _reached(graph, "pkg/user.py") == {"pkg/user.py", "pkg/__init__.py"}
 
 
 def test_strings_that_only_look_dotted_are_not_imports(tmp_path):
@@ -229,7 +233,7 @@ def test_strings_that_only_look_dotted_are_not_imports(tmp_path):
         },
     )
     graph = ImportGraph.scan(tmp_path, registries=["pkg/user.py"])
-    assert set(graph.closure({"pkg/user.py": 0})) == {
+    assert _reached(graph, "pkg/user.py") == {
         "pkg/user.py",
         "pkg/__init__.py",
     }
@@ -350,3 +354,16 @@ def test_static_selection_agrees_with_pytest_collection(planted):
     files = collected_files(planted, run, ())
     assert len(from_pytest) == 2
     assert sorted(test.node_id for test in selected_tests(planted, run, files)) == from_pytest
+
+
+@pytest.mark.parametrize(
+    ("successors", "expected"),
+    [
+        ([[1], [2], []], [{0, 1, 2}, {1, 2}, {2}]),
+        ([[1], [0, 2], [], [3]], [{0, 1, 2}, {0, 1, 2}, {2}, {3}]),
+        ([[1], [2], [0], [0]], [{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2, 3}]),
+    ],
+    ids=["chain", "cycle-with-exit", "cycle-entered-from-outside"],
+)
+def test_reachability_bitsets_follow_cycles(successors, expected):
+    assert [set(members(bits)) for bits in closures(successors)] == expected
