@@ -30,9 +30,25 @@ class StepBaseline:
     missing_declared: tuple[str, ...] = ()
 
     @functools.cached_property
-    def entry_set(self) -> frozenset[str]:
-        """Entries without their trailing ``/`` (a path is under ``d`` when a prefix is ``d``)."""
+    def _entry_set(self) -> frozenset[str]:
         return frozenset(entry.rstrip("/") for entry in self.entries)
+
+    @functools.cached_property
+    def _directories(self) -> dict[str, bool]:
+        return {}  # directory -> whether an entry covers it (memo across one step's gaps)
+
+    def _covers_directory(self, directory: str) -> bool:
+        if directory not in self._directories:
+            parent = directory.rpartition("/")[0]
+            self._directories[directory] = directory in self._entry_set or (
+                bool(parent) and self._covers_directory(parent)
+            )
+        return self._directories[directory]
+
+    def covers(self, path: str) -> bool:
+        """Whether ``path`` is a recorded entry or lies below one."""
+        parent = path.rpartition("/")[0]
+        return path in self._entry_set or (bool(parent) and self._covers_directory(parent))
 
 
 @dataclass(frozen=True)
@@ -43,11 +59,7 @@ class Baseline:
     def covers_gap(self, key: str, path: str) -> bool:
         """Whether ``path`` lies under one of step ``key``'s recorded entries."""
         step = self.steps.get(key)
-        if step is None:
-            return False
-        parts = path.split("/")
-        candidates = {"/".join(parts[:depth]) for depth in range(1, len(parts) + 1)}
-        return not candidates.isdisjoint(step.entry_set)
+        return step is not None and step.covers(path)
 
 
 def baseline_of(report: DependencyReport) -> dict:
