@@ -11,6 +11,7 @@ import pytest
 from tests.ci.helpers import RUN_CONFIG, commit_all, git, init_repo, run_cli, write_tree
 
 NUM_MODELS = 40
+DEPENDENCY_CHECK = "dependency_check:\n  test_roots: [tests]\n"
 BACKENDS = "vllm/v1/attention/backends"
 
 
@@ -55,7 +56,8 @@ STEPS = [
 MODELS = "\n".join(f'    "Arch{i}": ("model_{i}", "Arch{i}"),' for i in range(NUM_MODELS))
 TREE = {
     "ci/ci_config.yaml": RUN_CONFIG
-    + f"dependency_check:\n  test_roots: [tests]\n  registries:\n    - {BACKENDS}/registry.py\n",
+    + DEPENDENCY_CHECK
+    + f"  registries: [{BACKENDS}/registry.py]\n",
     "ci/test_areas/v1.yaml": "group: V1\nsteps:\n" + "".join(STEPS),
     "vllm/__init__.py": "",
     "vllm/v1/__init__.py": "",
@@ -255,16 +257,17 @@ def test_unreadable_baseline_is_bad_input_naming_the_file(repo, tmp_path, conten
 
 
 @pytest.mark.parametrize(
-    ("root", "message"),
+    ("setting", "message"),
     [
-        ("nope", "import_roots entry 'nope' is not a directory"),
-        ("vllm", "import_roots entry 'vllm' is a package"),
+        ("import_roots: [nope]", "import_roots entry 'nope' is not a directory"),
+        ("import_roots: [vllm]", "import_roots entry 'vllm' is a package"),
+        ("import_roots: [ci]", "import_roots entry 'ci' holds no Python file"),
+        ("registries: [vllm/registry.py]", "registries entry 'vllm/registry.py' is not a"),
     ],
-    ids=["missing", "shifts-module-names"],
+    ids=["missing", "shifts-module-names", "indexes-nothing", "missing-registry"],
 )
-def test_bad_import_roots_are_bad_input(repo, root, message):
-    config = TREE["ci/ci_config.yaml"] + f"  import_roots: [{root}]\n"
-    write_tree(repo, {"ci/ci_config.yaml": config})
+def test_bad_import_roots_and_registries_are_bad_input(repo, setting, message):
+    write_tree(repo, {"ci/ci_config.yaml": RUN_CONFIG + DEPENDENCY_CHECK + f"  {setting}\n"})
     result = _check(repo)
     assert result.exit_code == 2
     assert "ci/ci_config.yaml: dependency_check: " + message in result.stderr
