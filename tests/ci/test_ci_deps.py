@@ -68,6 +68,12 @@ PLANTED = {
 }
 
 
+@pytest.fixture(autouse=True)
+def parse_cache_in_tmp(tmp_path, monkeypatch):
+    """CLI runs keep their parse cache in the test's directory, not the user's cache."""
+    monkeypatch.setenv("CI_DEPS_CACHE_DIR", str(tmp_path / "cache"))
+
+
 @pytest.fixture
 def planted(tmp_path):
     write_tree(tmp_path, PLANTED)
