@@ -19,12 +19,15 @@ import yaml
 
 from ci.areas import load_test_areas
 from ci.atomic_write import check_writable_target, write_atomically
+from ci.baseline import load_baseline, only_new, write_baseline
 from ci.changes import ChangeSet, compute_changes
 from ci.config import RunConfig, TestAreas, load_run_config
-from ci.deps import check_dependencies, format_report, suggested_entries
+from ci.deps import DependencyChecker, suggested_entries
+from ci.deps_report import format_missed, format_report, missed_json, report_json
 from ci.errors import CIInputError
 from ci.fix import add_dependencies
 from ci.lint import lint_warnings
+from ci.parse_cache import default_cache_dir
 from ci.pipeline import build_pipeline, checked_uploads
 from ci.selection import Knobs, Selection, select_steps
 
@@ -206,7 +209,25 @@ def command_pipeline(args: argparse.Namespace) -> int:
 
 def command_check_deps(args: argparse.Namespace) -> int:
     root, config, areas = _load(args)
-    report = check_dependencies(areas, config, root)
+    baseline = load_baseline(Path(args.baseline)) if args.baseline else None
+    cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(root)
+    checker = DependencyChecker(areas, config, root, cache_dir=cache)
+    if args.base is not None:
+        selection = _selection(args, root, config, areas)
+        missed = checker.missed_triggers(selection)
+        if baseline is not None:
+            missed = [
+                dataclasses.replace(item, known=baseline.covers_gap(item.key, item.path))
+                for item in missed
+            ]
+        document = missed_json(missed, selection)
+        print(
+            json.dumps(document, indent=1)
+            if args.json
+            else format_missed(missed, selection, args.verbose)
+        )
+        return 0 if document["ok"] else EXIT_GAPS
+    report = checker.check_all()
     if args.fix:
         additions: dict[str, dict[str, list[str]]] = defaultdict(dict)
         steps = areas.by_key()
@@ -219,13 +240,18 @@ def command_check_deps(args: argparse.Namespace) -> int:
                 print(f"fixed {file}: {added}")
         if additions:
             _, config, areas = _load(args)
-            report = check_dependencies(areas, config, root)
+            checker = DependencyChecker(areas, config, root, checker.graph, cache)
+            report = checker.check_all()
+    if args.write_baseline:
+        write_baseline(Path(args.write_baseline), report)
+        print(f"wrote {args.write_baseline}", file=sys.stderr)
+        return 0
+    if baseline is not None:
+        report = only_new(report, baseline)
     if args.json:
-        document = dataclasses.asdict(dataclasses.replace(report, closures={}))
-        del document["closures"]
-        print(json.dumps({"ok": report.ok, **document}, indent=2))
+        print(json.dumps(report_json(report, checker.graph), indent=1))
     else:
-        print(format_report(report, args.verbose))
+        print(format_report(report, checker.graph, args.verbose))
     return 0 if report.ok else EXIT_GAPS
 
 
@@ -287,6 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     common(check)
     check.add_argument("--fix", action="store_true", help="add the missing entries to the YAML")
     check.add_argument("--json", action="store_true")
+    check.add_argument("--base", help="change mode: unselected steps that import a changed file")
+    check.add_argument("--head", help="head ref for --base (default: the working tree)")
+    check.add_argument(
+        "--include-untracked", action="store_true", help="count untracked files as changed"
+    )
+    check.add_argument("--baseline", help="fail only on findings this baseline does not record")
+    check.add_argument("--write-baseline", metavar="FILE", help="record today's findings")
+    check.add_argument("--cache-dir", help="parse cache (default: ~/.cache/attention-grouping-ci)")
     check.add_argument("-v", "--verbose", action="store_true", help="also list ignored paths")
     check.set_defaults(handler=command_check_deps)
 

@@ -264,6 +264,7 @@ class DependencyCheckConfig:
 
     test_roots: tuple[str, ...] = ()
     import_roots: tuple[str, ...] = (".",)
+    registries: tuple[str, ...] = ()  # files whose dotted-path strings are import edges
     ignore: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
@@ -502,6 +503,7 @@ RUN_CONFIG_FIELDS: dict[str, Checker] = {
 DEPENDENCY_CHECK_FIELDS: dict[str, Checker] = {
     "test_roots": _is_str_list,
     "import_roots": _is_str_list,
+    "registries": _is_str_list,
     "ignore": lambda value: (
         None
         if isinstance(value, Mapping) and all(_is_str_map(item) is None for item in value.values())
@@ -567,6 +569,7 @@ def load_run_config(config_path: Path, display_path: str | None = None) -> RunCo
         dependency_check=DependencyCheckConfig(
             test_roots=tuple(check_raw.get("test_roots") or ()),
             import_roots=tuple(check_raw.get("import_roots") or (".",)),
+            registries=tuple(check_raw.get("registries") or ()),
             ignore={key: dict(paths) for key, paths in (check_raw.get("ignore") or {}).items()},
         ),
         external_step_keys=tuple(data.get("external_step_keys") or ()),

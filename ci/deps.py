@@ -3,22 +3,26 @@
 For each step: its pytest commands -> the test files they collect -> the transitive import
 closure of those files, their conftest.py chain and installed pytest plugins -> repository
 paths. Reachable paths that no ``source_file_dependencies`` entry covers are gaps: a change
-there would not select the step (the missed attention-backend -> spec-decode rule).
+there would not select the step (the missed attention-backend -> spec-decode rule). Gaps are
+*static* (an import chain reaches them) or *registry* (only a registry's dotted-path string
+does); closures are bitsets (``ci.reach``), so a vLLM-sized tree takes seconds.
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections import defaultdict
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ci.config import RunConfig, Step, TestAreas
 from ci.errors import CIInputError
-from ci.imports import ImportGraph
-from ci.pytest_commands import CommandParseError, pytest_runs
-from ci.selection import matches_dependency, matching_entry, split_dependencies
+from ci.imports import REGISTRY, STATIC, ImportGraph, import_root_problems
+from ci.inventory_cache import TestInventory
+from ci.pytest_commands import CommandParseError, PytestRun, pytest_runs
+from ci.reach import members
+from ci.selection import Selection, matches_dependency, split_dependencies
 from ci.test_inventory import (
     TestFunction,
     clear_caches,
@@ -27,7 +31,6 @@ from ci.test_inventory import (
     is_test_file,
     missing_targets,
     selected_tests,
-    tests_in_file,
 )
 
 
@@ -36,8 +39,7 @@ class Gap:
     """A file the step's tests import that no dependency entry covers."""
 
     path: str
-    distance: int  # import hops from a collected test file
-    via: tuple[str, ...]  # the import chain, test file first
+    kind: str  # "static" (an import chain) or "registry" (only via a registry's strings)
     suggestion: str  # the shortest entry that covers it without covering unreachable files
 
 
@@ -46,7 +48,8 @@ class StepReport:
     key: str
     location: str
     test_files: tuple[str, ...] = ()
-    reachable: tuple[str, ...] = ()
+    roots: tuple[str, ...] = ()  # test files, their conftest chain, plugins
+    reachable: int = 0
     gaps: tuple[Gap, ...] = ()
     missing_declared: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()  # unparseable commands, missing test paths, empty filters
@@ -56,6 +59,14 @@ class StepReport:
     def ok(self) -> bool:
         return not (self.gaps or self.missing_declared or self.problems)
 
+    def entries_to_add(self) -> list[tuple[str, int, str]]:
+        """(entry, gaps it covers, kind) ranked by gaps covered; kind is ``registry`` when
+        every gap under the entry is a registry gap."""
+        counts = Counter(gap.suggestion for gap in self.gaps)
+        static = {gap.suggestion for gap in self.gaps if gap.kind == STATIC}
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        return [(entry, n, STATIC if entry in static else REGISTRY) for entry, n in ranked]
+
 
 @dataclass(frozen=True)
 class DependencyReport:
@@ -64,10 +75,24 @@ class DependencyReport:
     stale_ignores: tuple[str, ...]
     modules_indexed: int
     closures: dict[str, frozenset[str]] = field(default_factory=dict, compare=False)
+    known: int = 0  # findings left out because the baseline records them
 
     @property
     def ok(self) -> bool:
         return all(step.ok for step in self.steps) and not self.orphan_tests
+
+
+@dataclass(frozen=True)
+class MissedTrigger:
+    """A changed file that an unselected step's tests import: the step should have run."""
+
+    key: str
+    location: str
+    path: str
+    kind: str
+    chain: tuple[str, ...]  # test file (or conftest/plugin) -> ... -> the changed file
+    suggestion: str
+    known: bool = False  # recorded in the baseline
 
 
 @dataclass(frozen=True)
@@ -94,36 +119,110 @@ class ProjectSettings:
         )
 
 
-class _Suggester:
-    """Shortest directory entry whose every Python file the step already reaches or covers."""
+class _Coverage:
+    """Bitsets over the graph's nodes: which files a dependency entry covers, and the
+    shortest directory entry whose every file a step already reaches or covers."""
 
     def __init__(self, graph: ImportGraph) -> None:
-        self.paths = tuple(graph.path_modules)
-
-    def for_step(self, reachable: set[str], dependencies: tuple[str, ...]) -> Callable[[str], str]:
-        """A suggestion function for one step (directories scanned once, on first use)."""
-        impure: set[str] = set()
-        for path in self.paths:
-            if path not in reachable and matching_entry(dependencies, path) is None:
-                parts = path.split("/")
-                impure.update("/".join(parts[:depth]) for depth in range(1, len(parts)))
-
-        def suggest(path: str) -> str:
+        self.nodes = graph.nodes
+        self.all = (1 << len(self.nodes)) - 1
+        self.under: dict[str, int] = defaultdict(int)  # file or directory -> files at/below it
+        for index, path in enumerate(self.nodes):
             parts = path.split("/")
-            for depth in range(1, len(parts)):
-                directory = "/".join(parts[:depth])
-                if directory not in impure:
-                    return f"{directory}/"
-            return path
+            for depth in range(1, len(parts) + 1):
+                self.under["/".join(parts[:depth])] |= 1 << index
 
-        return suggest
+    def covered(self, dependencies: tuple[str, ...]) -> int:
+        includes, excludes = split_dependencies(tuple(dependencies))
+        bits = 0
+        for entry in includes:
+            bits |= self.under.get(entry.rstrip("/"), 0)
+        for entry in excludes:
+            bits &= ~self.under.get(entry.rstrip("/"), 0)
+        return bits
+
+    def suggest(self, path: str, outside: int, known: dict[str, str | None]) -> str:
+        """The shortest directory entry covering ``path`` and nothing in ``outside``
+        (``known`` remembers the answer per parent directory, for one step)."""
+        parent = path.rpartition("/")[0]
+        if parent not in known:
+            parts = parent.split("/") if parent else []
+            known[parent] = next(
+                (
+                    f"{directory}/"
+                    for directory in ("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+                    if not self.under[directory] & outside
+                ),
+                None,
+            )
+        return known[parent] or path
 
 
-def _import_chain(closure: dict[str, tuple[int, str | None]], path: str) -> tuple[str, ...]:
-    chain = [path]
-    while (parent := closure[chain[-1]][1]) is not None:
-        chain.append(parent)
-    return tuple(reversed(chain))
+@dataclass(frozen=True)
+class _Scope:
+    """What one step's commands collect and import."""
+
+    test_files: tuple[str, ...]
+    roots: tuple[str, ...]
+    problems: tuple[str, ...]
+    runs: tuple[tuple[PytestRun, tuple[str, ...]], ...] = ()  # each run and the files it collects
+
+
+def _scope(
+    step: Step, repo_root: Path, config: RunConfig, settings: ProjectSettings, graph: ImportGraph
+) -> _Scope:
+    problems: list[str] = []
+    try:
+        runs = pytest_runs(
+            step.commands, step.working_dir or config.default_working_dir, config.workspace_root
+        )
+    except CommandParseError as error:
+        runs, problems = [], [str(error)]
+    test_files: list[str] = []
+    collected = []
+    for run in runs:
+        problems.extend(
+            f"{run.command!r}: test path {path!r} does not exist"
+            for path in missing_targets(repo_root, run)
+        )
+        files = tuple(collected_files(repo_root, run, settings.testpaths))
+        collected.append((run, files))
+        test_files.extend(files)
+    test_files = list(dict.fromkeys(test_files))
+    roots = dict.fromkeys(test_files)
+    if test_files:
+        for test_file in test_files:
+            roots.update(dict.fromkeys(conftest_chain(repo_root, test_file)))
+        roots.update(
+            dict.fromkeys(
+                graph.modules[module]
+                for module in settings.plugin_modules
+                if module in graph.modules
+            )
+        )
+    return _Scope(tuple(test_files), tuple(roots), tuple(problems), tuple(collected))
+
+
+def _selection_problems(
+    repo_root: Path,
+    scope: _Scope,
+    step_key: str,
+    selected: dict[str, set[str]],
+    inventory: TestInventory,
+) -> list[str]:
+    """Commands whose paths and filters select no test; records which tests each step runs."""
+    problems = []
+    for run, files in scope.runs:
+        try:
+            tests = selected_tests(repo_root, run, list(files), inventory)
+        except ValueError as error:
+            problems.append(f"{run.command!r}: {error}")
+            continue
+        if not tests:
+            problems.append(f"{run.command!r}: its paths and filters select no test")
+        for test in tests:
+            selected.setdefault(test.node_id, set()).add(step_key)
+    return problems
 
 
 def _missing_declared(step: Step, repo_root: Path) -> list[str]:
@@ -135,92 +234,179 @@ def _missing_declared(step: Step, repo_root: Path) -> list[str]:
     ]
 
 
-def check_step(
-    step: Step,
-    repo_root: Path,
-    config: RunConfig,
-    graph: ImportGraph,
-    settings: ProjectSettings,
-    suggester: _Suggester,
-    selected: dict[str, set[str]],
-) -> tuple[StepReport, set[str]]:
-    """One step's report, and the set of files its tests reach (for recall checks)."""
-    location = f"{step.file}:{step.line}"
-    problems: list[str] = []
-    try:
-        runs = pytest_runs(
-            step.commands, step.working_dir or config.default_working_dir, config.workspace_root
-        )
-    except CommandParseError as error:
-        runs, problems = [], [str(error)]
-    test_files: list[str] = []
-    for run in runs:
-        problems.extend(
-            f"{run.command!r}: test path {path!r} does not exist"
-            for path in missing_targets(repo_root, run)
-        )
-        files = collected_files(repo_root, run, settings.testpaths)
-        try:
-            tests = selected_tests(repo_root, run, files)
-        except ValueError as error:
-            problems.append(f"{run.command!r}: {error}")
-            continue
-        if not tests:
-            problems.append(f"{run.command!r}: its paths and filters select no test")
-        for test in tests:
-            selected.setdefault(test.node_id, set()).add(step.key)
-        test_files.extend(files)
-    test_files = list(dict.fromkeys(test_files))
-    roots = dict.fromkeys(test_files, 0)
-    if test_files:
-        for test_file in test_files:
-            roots.update(
-                {path: 1 for path in conftest_chain(repo_root, test_file) if path not in roots}
+def _ignore_reason(ignores: Mapping[str, str], path: str) -> str | None:
+    """The reason of the first ``ignore`` entry (path -> reason) that covers ``path``."""
+    return next((why for entry, why in ignores.items() if matches_dependency(entry, path)), None)
+
+
+class DependencyChecker:
+    """One repository's import graph and step scopes, shared by the whole-repository check
+    and the change mode."""
+
+    def __init__(
+        self,
+        areas: TestAreas,
+        config: RunConfig,
+        repo_root: Path,
+        graph: ImportGraph | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        check = config.dependency_check
+        problems = import_root_problems(repo_root, check.import_roots)
+        problems += [
+            f"registries entry {path!r} is not a Python file of the repository"
+            for path in check.registries
+            if not (path.endswith(".py") and (repo_root / path).is_file())
+        ]
+        unknown = sorted(set(check.ignore) - {step.key for step in areas.steps})
+        if unknown:
+            problems.append(f"ignore names unknown steps {unknown}")
+        if problems:
+            raise CIInputError(
+                "\n".join(f"{config.path}: dependency_check: {problem}" for problem in problems)
             )
-        for module in settings.plugin_modules:
-            if module in graph.modules:
-                roots.setdefault(graph.modules[module], 1)
-    closure = graph.closure(roots)
-    reachable = set(closure)
-    ignores = config.dependency_check.ignore.get(step.key, {})
-    uncovered, ignored = [], []
-    for path, (distance, _) in sorted(closure.items(), key=lambda item: (item[1][0], item[0])):
-        if matching_entry(step.dependencies, path) is not None:
-            continue
-        reason = next(
-            (why for entry, why in ignores.items() if matches_dependency(entry, path)), None
+        clear_caches()  # files may have changed since an earlier check in this process
+        self.areas, self.config, self.repo_root = areas, config, repo_root
+        self.cache_dir = cache_dir
+        self.settings = ProjectSettings.read(repo_root)
+        self.graph = graph or ImportGraph.scan(
+            repo_root, check.import_roots, check.registries, cache_dir
         )
-        if reason is not None:
-            ignored.append((path, reason))
-        else:
-            uncovered.append((path, distance))
-    suggest = suggester.for_step(reachable, step.dependencies) if uncovered else str
-    gaps = [
-        Gap(path, distance, _import_chain(closure, path), suggest(path))
-        for path, distance in uncovered
+        self.coverage = _Coverage(self.graph)
+        self.scopes = {
+            step.key: _scope(step, repo_root, config, self.settings, self.graph)
+            for step in areas.steps
+        }
+
+    def _reach(self, scope: _Scope) -> tuple[int, int]:
+        """(files reached statically, files reached by any edge) as bitsets."""
+        static = self.graph.reach(scope.roots, (STATIC,))
+        return static, static | self.graph.reach(scope.roots, (STATIC, REGISTRY))
+
+    def check_step(
+        self, step: Step, selected: dict[str, set[str]], inventory: TestInventory
+    ) -> StepReport:
+        scope = self.scopes[step.key]
+        static, reachable = self._reach(scope)
+        covered = self.coverage.covered(step.dependencies)
+        outside = self.coverage.all & ~(reachable | covered)
+        known: dict[str, str | None] = {}
+        ignores = self.config.dependency_check.ignore.get(step.key, {})
+        static_gaps = set(members(static & ~covered))
+        gaps, ignored = [], []
+        for index in members(reachable & ~covered):
+            path = self.graph.nodes[index]
+            reason = _ignore_reason(ignores, path) if ignores else None
+            if reason is not None:
+                ignored.append((path, reason))
+                continue
+            kind = STATIC if index in static_gaps else REGISTRY
+            gaps.append(Gap(path, kind, self.coverage.suggest(path, outside, known)))
+        problems = [
+            *scope.problems,
+            *_selection_problems(self.repo_root, scope, step.key, selected, inventory),
+        ]
+        return StepReport(
+            key=step.key,
+            location=f"{step.file}:{step.line}",
+            test_files=scope.test_files,
+            roots=scope.roots,
+            reachable=bin(reachable).count("1"),
+            gaps=tuple(gaps),
+            missing_declared=tuple(_missing_declared(step, self.repo_root)),
+            problems=tuple(problems),
+            ignored=tuple(ignored),
+        )
+
+    def check_all(self) -> DependencyReport:
+        """Gaps, dead entries and unrun tests for every step."""
+        test_roots = self.config.dependency_check.test_roots or self.settings.testpaths or (".",)
+        test_files = {
+            *(path for scope in self.scopes.values() for path in scope.test_files),
+            *_test_files(test_roots, self.graph),
+        }
+        inventory = TestInventory(self.repo_root, sorted(test_files), self.cache_dir)
+        selected: dict[str, set[str]] = {}
+        reports = [self.check_step(step, selected, inventory) for step in self.areas.steps]
+        closures = {
+            report.key: frozenset(
+                self.graph.nodes[index]
+                for index in members(self._reach(self.scopes[report.key])[1])
+            )
+            for report in reports
+        }
+        used = {(report.key, path) for report in reports for path, _ in report.ignored}
+        stale = [
+            f"{key}: {entry}"
+            for key, entries in self.config.dependency_check.ignore.items()
+            for entry in entries
+            if not any(k == key and matches_dependency(entry, path) for k, path in used)
+        ]
+        tests = [
+            test
+            for path in _test_files(test_roots, self.graph)
+            for test in inventory(self.repo_root, path)
+        ]
+        orphans = _orphans(tests, selected)
+        return DependencyReport(
+            tuple(reports), tuple(orphans), tuple(stale), len(self.graph.modules), closures
+        )
+
+    def missed_triggers(self, selection: Selection) -> list[MissedTrigger]:
+        """Each unselected step whose imports reach a changed file, with the chain."""
+        position = {path: index for index, path in enumerate(self.graph.nodes)}
+        changed = [path for path in selection.changed_files if path in position]
+        chosen = selection.selected_keys()
+        missed = []
+        for step in self.areas.steps:
+            if step.key in chosen or not changed:
+                continue
+            scope = self.scopes[step.key]
+            reachable = self._reach(scope)[1]
+            ignores = self.config.dependency_check.ignore.get(step.key, {})
+            hits = [
+                path
+                for path in changed
+                if reachable >> position[path] & 1 and _ignore_reason(ignores, path) is None
+            ]
+            if not hits:
+                continue
+            covered = self.coverage.covered(step.dependencies)
+            outside = self.coverage.all & ~(reachable | covered)
+            known: dict[str, str | None] = {}
+            for path in hits:
+                chain, kind = self.graph.chain(scope.roots, path)
+                missed.append(
+                    MissedTrigger(
+                        step.key,
+                        f"{step.file}:{step.line}",
+                        path,
+                        kind,
+                        chain,
+                        self.coverage.suggest(path, outside, known),
+                    )
+                )
+        return missed
+
+
+def check_dependencies(
+    areas: TestAreas,
+    config: RunConfig,
+    repo_root: Path,
+    graph: ImportGraph | None = None,
+    cache_dir: Path | None = None,
+) -> DependencyReport:
+    """Gaps, dead entries and unrun tests for every step of ``areas``."""
+    return DependencyChecker(areas, config, repo_root, graph, cache_dir).check_all()
+
+
+def _test_files(roots: tuple[str, ...], graph: ImportGraph) -> list[str]:
+    return [
+        path
+        for path in graph.nodes
+        if is_test_file(path)
+        and any(root in (".", "") or path.startswith(f"{root.rstrip('/')}/") for root in roots)
     ]
-    report = StepReport(
-        key=step.key,
-        location=location,
-        test_files=tuple(test_files),
-        reachable=tuple(sorted(reachable)),
-        gaps=tuple(gaps),
-        missing_declared=tuple(_missing_declared(step, repo_root)),
-        problems=tuple(problems),
-        ignored=tuple(ignored),
-    )
-    return report, reachable
-
-
-def _all_tests(repo_root: Path, roots: tuple[str, ...], graph: ImportGraph) -> list[TestFunction]:
-    tests: list[TestFunction] = []
-    for path in sorted(graph.path_modules):
-        in_roots = any(
-            root in (".", "") or path.startswith(f"{root.rstrip('/')}/") for root in roots
-        )
-        if in_roots and is_test_file(path):
-            tests.extend(tests_in_file(repo_root, path))
-    return tests
 
 
 def _orphans(tests: list[TestFunction], selected: dict[str, set[str]]) -> list[str]:
@@ -235,71 +421,6 @@ def _orphans(tests: list[TestFunction], selected: dict[str, set[str]]) -> list[s
     return orphans
 
 
-def check_dependencies(
-    areas: TestAreas, config: RunConfig, repo_root: Path, graph: ImportGraph | None = None
-) -> DependencyReport:
-    """Gaps, dead entries and unrun tests for every step of ``areas``."""
-    settings = ProjectSettings.read(repo_root)
-    clear_caches()  # files may have changed since an earlier check in this process
-    known_keys = {step.key for step in areas.steps}
-    unknown = sorted(set(config.dependency_check.ignore) - known_keys)
-    if unknown:
-        raise CIInputError(f"{config.path}: dependency_check.ignore names unknown steps {unknown}")
-    graph = graph or ImportGraph.scan(repo_root, config.dependency_check.import_roots)
-    suggester = _Suggester(graph)
-    selected: dict[str, set[str]] = {}
-    reports, closures = [], {}
-    for step in areas.steps:
-        report, reachable = check_step(
-            step, repo_root, config, graph, settings, suggester, selected
-        )
-        reports.append(report)
-        closures[step.key] = frozenset(reachable)
-    used = {(report.key, path) for report in reports for path, _ in report.ignored}
-    stale = [
-        f"{key}: {entry}"
-        for key, entries in config.dependency_check.ignore.items()
-        for entry in entries
-        if not any(k == key and matches_dependency(entry, path) for k, path in used)
-    ]
-    test_roots = config.dependency_check.test_roots or settings.testpaths or (".",)
-    orphans = _orphans(_all_tests(repo_root, test_roots, graph), selected)
-    return DependencyReport(
-        tuple(reports), tuple(orphans), tuple(stale), len(graph.modules), closures
-    )
-
-
-def format_report(report: DependencyReport, verbose: bool = False) -> str:
-    """Human-readable report: gaps ranked by import distance with the entry to add."""
-    lines = []
-    for step in report.steps:
-        status = "ok" if step.ok else "FAIL"
-        lines.append(
-            f"[{status}] {step.key} ({step.location}): {len(step.test_files)} test "
-            f"files, {len(step.reachable)} reachable files, {len(step.gaps)} gaps"
-        )
-        for gap in step.gaps:
-            chain = " -> ".join(gap.via)
-            lines.append(
-                f"    gap (distance {gap.distance}): {gap.path}  add {gap.suggestion!r}  [{chain}]"
-            )
-        lines.extend(
-            f"    declared path does not exist: {entry}" for entry in step.missing_declared
-        )
-        lines.extend(f"    problem: {problem}" for problem in step.problems)
-        if verbose:
-            lines.extend(f"    ignored: {path} ({reason})" for path, reason in step.ignored)
-    lines.extend(f"test run by no step: {orphan}" for orphan in report.orphan_tests)
-    lines.extend(
-        f"warning: ignore entry matches nothing: {stale}" for stale in report.stale_ignores
-    )
-    lines.append(
-        f"{report.modules_indexed} modules indexed; "
-        + ("no dependency gaps" if report.ok else "dependency check FAILED")
-    )
-    return "\n".join(lines)
-
-
 def suggested_entries(step: StepReport) -> list[str]:
     """The entries ``--fix`` adds: one per distinct suggestion, most general first."""
     entries = sorted({gap.suggestion for gap in step.gaps}, key=lambda entry: (len(entry), entry))
@@ -308,3 +429,9 @@ def suggested_entries(step: StepReport) -> list[str]:
         if not any(matches_dependency(kept, entry.rstrip("/")) for kept in minimal):
             minimal.append(entry)
     return minimal
+
+
+def example_chain(graph: ImportGraph, step: StepReport, entry: str) -> tuple[str, ...]:
+    """The shortest import chain to the first gap that ``entry`` would cover."""
+    path = next(gap.path for gap in step.gaps if gap.suggestion == entry)
+    return graph.chain(step.roots, path)[0]

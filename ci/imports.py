@@ -1,15 +1,17 @@
-"""Static import graph of a repository: which repository files a file makes Python execute.
+"""Import graph of a repository: which repository files a file makes Python execute.
 
-Edges come from ``import a.b``, ``from a import b`` (``b`` may be a module), relative imports,
-and string literals that spell a dotted module path (how backend registries load backends:
-``"kernels.backends.triton_attn.TritonAttentionBackend"``). Importing ``a.b.c`` also runs
-``a/__init__.py`` and ``a/b/__init__.py``, so packages are edges too. Imports under functions
-or ``TYPE_CHECKING`` count: over-approximating costs a declared path, missing one costs a bug.
+Two kinds of edge, reported apart. *Static* edges come from import statements, at module
+level or inside functions (``import a.b``, ``from a import b`` where ``b`` may be a module,
+relative imports); importing ``a.b.c`` also runs ``a/__init__.py`` and ``a/b/__init__.py``.
+Imports under ``if TYPE_CHECKING:`` never run and are no edges. *Registry* edges come from
+dotted-path strings (``"kernels.backends.triton_attn.TritonAttentionBackend"``) and f-string
+templates, and only in the files the configuration names as registries: elsewhere such a
+string names one lazily loaded choice among hundreds (one model, one tokenizer), and following
+it would make every test depend on every model.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import os
 import re
@@ -18,8 +20,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ci.parse_cache import Facts, parse_files
+from ci.reach import closures
+
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "build", "dist", "venv", "site-packages"})
-_DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
+STATIC = "static"
+REGISTRY = "registry"
 
 
 def iter_python_files(repo_root: Path, under: str = ".") -> Iterator[str]:
@@ -53,31 +59,70 @@ def module_name(path: str, import_root: str = ".") -> str:
     return ".".join(parts)
 
 
+def import_root_problems(repo_root: Path, import_roots: Iterable[str]) -> list[str]:
+    """Why an ``import_roots`` entry would silently index nothing, or index shifted names."""
+    problems = []
+    for root in import_roots:
+        directory = repo_root / root
+        if not directory.is_dir():
+            problems.append(f"import_roots entry {root!r} is not a directory of the repository")
+        elif (directory / "__init__.py").is_file():
+            parent = os.path.dirname(root.rstrip("/")) or "."
+            problems.append(
+                f"import_roots entry {root!r} is a package ({root.rstrip('/')}/__init__.py "
+                f"exists): its modules would be indexed without the "
+                f"'{os.path.basename(root.rstrip('/'))}.' prefix that imports use; "
+                f"name the directory on sys.path instead ({parent!r})"
+            )
+        elif next(iter_python_files(repo_root, root), None) is None:
+            problems.append(f"import_roots entry {root!r} holds no Python file")
+    return problems
+
+
 @dataclass
 class ImportGraph:
-    """Module index plus lazily parsed, cached import edges between repository files."""
+    """Module index, import facts of every indexed file, and both kinds of edge."""
 
     repo_root: Path
     import_roots: tuple[str, ...] = (".",)
+    registries: frozenset[str] = frozenset()
+    cache_dir: Path | None = None
     modules: dict[str, str] = field(default_factory=dict)  # module name -> path
     path_modules: dict[str, str] = field(default_factory=dict)  # path -> module name
-    parse_errors: dict[str, str] = field(default_factory=dict)
-    _edges: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    facts: dict[str, Facts] = field(default_factory=dict)
+    _edges: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    _closures: dict[tuple[str, ...], tuple[dict[str, int], list[int]]] = field(default_factory=dict)
 
     @classmethod
-    def scan(cls, repo_root: Path, import_roots: Iterable[str] = (".",)) -> ImportGraph:
-        graph = cls(repo_root, tuple(import_roots))
+    def scan(
+        cls,
+        repo_root: Path,
+        import_roots: Iterable[str] = (".",),
+        registries: Iterable[str] = (),
+        cache_dir: Path | None = None,
+    ) -> ImportGraph:
+        graph = cls(repo_root, tuple(import_roots), frozenset(registries), cache_dir)
         for import_root in graph.import_roots:
             for path in iter_python_files(repo_root, import_root):
                 name = module_name(path, import_root)
                 if name and "-" not in name:
                     graph.modules.setdefault(name, path)
                     graph.path_modules.setdefault(path, name)
+        graph.facts = parse_files(repo_root, graph.path_modules, cache_dir)
         return graph
+
+    @property
+    def parse_errors(self) -> dict[str, str]:
+        return {path: facts["error"] for path, facts in self.facts.items() if "error" in facts}
 
     @functools.cached_property
     def top_level(self) -> set[str]:
         return {name.split(".")[0] for name in self.modules}
+
+    def _facts(self, path: str) -> Facts:
+        if path not in self.facts:  # a root outside the import roots: parsed, not cached
+            self.facts.update(parse_files(self.repo_root, [path]))
+        return self.facts[path]
 
     def _prefix_modules(self, dotted: str) -> list[str]:
         """Paths of every known module among the prefixes of ``dotted`` (packages first)."""
@@ -89,91 +134,102 @@ class ImportGraph:
         name = self.path_modules.get(path, module_name(path))
         return name if path.endswith("__init__.py") else name.rpartition(".")[0]
 
-    def _referenced_names(self, path: str, tree: ast.AST) -> Iterator[tuple[str, bool]]:
-        """(dotted name, from a string literal) for every import-like reference in ``tree``."""
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    yield alias.name, False
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    package = self._package_of(path).split(".")
-                    keep = len(package) - (node.level - 1)
-                    base = ".".join([*package[: max(keep, 0)], *filter(None, [node.module])])
-                else:
-                    base = node.module or ""
-                if base:
-                    yield base, False
-                for alias in node.names:
-                    if alias.name != "*":
-                        yield f"{base}.{alias.name}" if base else alias.name, False
-            elif (
-                isinstance(node, ast.Constant)
-                and isinstance(node.value, str)
-                and _DOTTED.match(node.value)
-            ):
-                yield node.value, True
-            elif isinstance(node, ast.JoinedStr):
-                yield from ((name, True) for name in self._template_matches(node))
-
-    def _template_matches(self, template: ast.JoinedStr) -> list[str]:
-        """Modules an f-string such as ``f"suites.engines.{name}_adapter"`` can name."""
-        pieces = [
-            re.escape(part.value) if isinstance(part, ast.Constant) else None
-            for part in template.values
-        ]
-        if not pieces or pieces[0] is None or not isinstance(template.values[0], ast.Constant):
-            return []
-        literal_head = template.values[0].value.split(".")[0]
-        if literal_head not in self.top_level:
-            return []
-        pattern = re.compile("".join(piece or r"[\w.]+" for piece in pieces))
-        return [name for name in self.modules if pattern.fullmatch(name)]
-
-    def edges(self, path: str) -> tuple[str, ...]:
-        """Repository files that importing ``path`` executes directly (cached)."""
-        if path in self._edges:
-            return self._edges[path]
-        targets: dict[str, None] = {}
-        package = self.path_modules.get(path, "").rpartition(".")[0]
-        if package:
-            targets.update(dict.fromkeys(self._prefix_modules(package)))
-        try:
-            source = (self.repo_root / path).read_text(encoding="utf-8", errors="replace")
-            tree = ast.parse(source, filename=path)
-        except (OSError, SyntaxError, ValueError) as error:
-            self.parse_errors[path] = str(error)
-            tree = ast.Module(body=[], type_ignores=[])
-        top_level = self.top_level
-        for dotted, from_string in self._referenced_names(path, tree):
-            if from_string:
-                if dotted.split(".")[0] not in top_level:
-                    continue
-                found = self._prefix_modules(dotted)
-                # "ci.yaml" names no module; "pkg.mod.Class" does (2+ known components).
-                if dotted not in self.modules and len(found) < 2:
-                    continue
-                targets.update(dict.fromkeys(found))
+    def _imported_names(self, path: str) -> Iterator[str]:
+        for level, module, names in self._facts(path)["imports"]:
+            if level:
+                package = self._package_of(path).split(".")
+                keep = len(package) - (level - 1)
+                base = ".".join([*package[: max(keep, 0)], *filter(None, [module])])
             else:
-                targets.update(dict.fromkeys(self._prefix_modules(dotted)))
-        targets.pop(path, None)
-        self._edges[path] = tuple(targets)
-        return self._edges[path]
+                base = module
+            if base:
+                yield base
+            for name in names or ():
+                yield f"{base}.{name}" if base else name
 
-    def closure(self, roots: dict[str, int]) -> dict[str, tuple[int, str | None]]:
-        """Every file reachable from ``roots`` (path -> start distance) as path -> (distance,
-        the file that imported it). Breadth-first, so each distance is the shortest."""
-        reached: dict[str, tuple[int, str | None]] = {}
-        queue: deque[str] = deque()
-        for path, distance in sorted(roots.items(), key=lambda item: item[1]):
-            if path not in reached:
-                reached[path] = (distance, None)
-                queue.append(path)
-        while queue:
-            path = queue.popleft()
-            distance = reached[path][0]
-            for target in self.edges(path):
-                if target not in reached or reached[target][0] > distance + 1:
-                    reached[target] = (distance + 1, path)
-                    queue.append(target)
-        return reached
+    def _string_targets(self, path: str) -> Iterator[str]:
+        facts = self._facts(path)
+        for dotted in facts["strings"]:
+            if dotted.split(".")[0] not in self.top_level:
+                continue
+            found = self._prefix_modules(dotted)
+            # "ci.yaml" names no module; "pkg.mod.Class" does (2+ known components).
+            if dotted in self.modules or len(found) >= 2:
+                yield from found
+        for pieces in facts["templates"]:
+            if pieces[0].split(".")[0] not in self.top_level:
+                continue
+            pattern = re.compile(
+                "".join(r"[\w.]+" if piece is None else re.escape(piece) for piece in pieces)
+            )
+            for name in self.modules:
+                if pattern.fullmatch(name):
+                    yield from self._prefix_modules(name)
+
+    def edges(self, path: str, kind: str = STATIC) -> tuple[str, ...]:
+        """Repository files that importing ``path`` executes directly, by edge kind (cached)."""
+        key = (path, kind)
+        if key not in self._edges:
+            targets: dict[str, None] = {}
+            if kind == STATIC:
+                package = self.path_modules.get(path, "").rpartition(".")[0]
+                if package:
+                    targets.update(dict.fromkeys(self._prefix_modules(package)))
+                for dotted in self._imported_names(path):
+                    targets.update(dict.fromkeys(self._prefix_modules(dotted)))
+            elif path in self.registries:
+                targets.update(dict.fromkeys(self._string_targets(path)))
+            targets.pop(path, None)
+            self._edges[key] = tuple(targets)
+        return self._edges[key]
+
+    def _successors(self, path: str, kinds: tuple[str, ...]) -> Iterator[str]:
+        for kind in kinds:
+            yield from self.edges(path, kind)
+
+    @functools.cached_property
+    def nodes(self) -> tuple[str, ...]:
+        """Indexed paths in bit order for :meth:`reach`."""
+        return tuple(sorted(self.path_modules))
+
+    def _bits(self, kinds: tuple[str, ...]) -> tuple[dict[str, int], list[int]]:
+        if kinds not in self._closures:
+            position = {path: index for index, path in enumerate(self.nodes)}
+            successors = [
+                [position[target] for target in self._successors(path, kinds) if target in position]
+                for path in self.nodes
+            ]
+            self._closures[kinds] = (position, closures(successors))
+        return self._closures[kinds]
+
+    def reach(self, roots: Iterable[str], kinds: tuple[str, ...] = (STATIC,)) -> int:
+        """Bitset (bit i = ``nodes[i]``) of every indexed file the roots make Python run."""
+        position, reachable = self._bits(kinds)
+        bits = 0
+        for root in roots:
+            if root in position:
+                bits |= reachable[position[root]]
+            else:
+                for target in self._successors(root, kinds):
+                    if target in position:
+                        bits |= reachable[position[target]]
+        return bits
+
+    def chain(self, roots: Iterable[str], target: str) -> tuple[tuple[str, ...], str]:
+        """The shortest import chain root -> ... -> ``target``, and its kind (``registry``
+        when no static chain exists). Stops as soon as ``target`` is reached."""
+        for kinds in ((STATIC,), (STATIC, REGISTRY)):
+            parents: dict[str, str | None] = dict.fromkeys(roots)
+            queue = deque(parents)
+            while queue and target not in parents:
+                path = queue.popleft()
+                for successor in self._successors(path, kinds):
+                    if successor not in parents:
+                        parents[successor] = path
+                        queue.append(successor)
+            if target in parents:
+                chain = [target]
+                while (parent := parents[chain[-1]]) is not None:
+                    chain.append(parent)
+                return tuple(reversed(chain)), REGISTRY if REGISTRY in kinds else STATIC
+        raise ValueError(f"{target} is not reachable from the roots")

@@ -253,8 +253,14 @@ def _node_matches(node: str, wanted: str) -> bool:
     return node == wanted or node.startswith(f"{wanted}::") or wanted.startswith(f"{node}[")
 
 
-def selected_tests(repo_root: Path, run: PytestRun, files: list[str]) -> list[TestFunction]:
-    """Tests of ``files`` that ``run`` may run (node-id arguments narrow to those nodes)."""
+def selected_tests(
+    repo_root: Path,
+    run: PytestRun,
+    files: list[str],
+    inventory: Callable[[Path, str], tuple[TestFunction, ...]] = tests_in_file,
+) -> list[TestFunction]:
+    """Tests of ``files`` that ``run`` may run (node-id arguments narrow to those nodes);
+    ``inventory`` lists a file's tests (check-deps passes its content-keyed cache)."""
     run = resolve_run(run, repo_root)
     nodes: dict[str, list[str]] = {}
     for path in run.paths:
@@ -263,7 +269,7 @@ def selected_tests(repo_root: Path, run: PytestRun, files: list[str]) -> list[Te
             nodes.setdefault(file_part, []).append(node)
     result = []
     for path in files:
-        for test in tests_in_file(repo_root, path):
+        for test in inventory(repo_root, path):
             wanted = nodes.get(path)
             if wanted and not any(_node_matches(test.node, item) for item in wanted):
                 continue

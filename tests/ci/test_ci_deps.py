@@ -18,15 +18,17 @@ from ci.areas import load_test_areas
 from ci.config import load_run_config, load_test_area_file
 from ci.deps import check_dependencies
 from ci.fix import add_dependencies
-from ci.imports import ImportGraph
+from ci.imports import REGISTRY, STATIC, ImportGraph
 from ci.pytest_commands import pytest_runs
+from ci.reach import closures, members
 from ci.test_inventory import collected_files, selected_tests
 from tests.ci.helpers import RUN_CONFIG, run_cli, write_tree
 
 # The original bug in miniature: the spec-decode step declares the engine but not the backends
 # it reaches through the registry's dotted-path strings.
 PLANTED = {
-    "ci/ci_config.yaml": RUN_CONFIG + "dependency_check:\n  test_roots: [suites, tests]\n",
+    "ci/ci_config.yaml": RUN_CONFIG
+    + "dependency_check:\n  test_roots: [suites, tests]\n  registries: [kernels/registry.py]\n",
     "ci/test_areas/spec.yaml": """\
         group: Spec
         steps:
@@ -66,6 +68,12 @@ PLANTED = {
 }
 
 
+@pytest.fixture(autouse=True)
+def parse_cache_in_tmp(tmp_path, monkeypatch):
+    """CLI runs keep their parse cache in the test's directory, not the user's cache."""
+    monkeypatch.setenv("CI_DEPS_CACHE_DIR", str(tmp_path / "cache"))
+
+
 @pytest.fixture
 def planted(tmp_path):
     write_tree(tmp_path, PLANTED)
@@ -77,22 +85,26 @@ def _report(root: Path):
     return check_dependencies(load_test_areas(config, root), config, root)
 
 
-def test_planted_backend_gap_is_found_ranked_by_distance(planted):
+def test_planted_backend_gap_is_found_by_kind_with_its_chain(planted):
     report = _report(planted)
     (step,) = report.steps
-    assert [(gap.path, gap.distance) for gap in step.gaps] == [
-        ("kernels/__init__.py", 3),
-        ("kernels/registry.py", 3),
-        ("kernels/backends/__init__.py", 4),
-        ("kernels/backends/triton_attn.py", 4),
-        ("kernels/common.py", 5),
+    assert [(gap.path, gap.kind) for gap in step.gaps] == [
+        ("kernels/__init__.py", "static"),
+        ("kernels/backends/__init__.py", "registry"),
+        ("kernels/backends/triton_attn.py", "registry"),
+        ("kernels/common.py", "registry"),
+        ("kernels/registry.py", "static"),
     ]
-    assert {gap.suggestion for gap in step.gaps} == {"kernels/"}
-    assert step.gaps[3].via == (
-        "suites/conftest.py",
-        "engine/builder.py",
-        "kernels/registry.py",
-        "kernels/backends/triton_attn.py",
+    assert step.entries_to_add() == [("kernels/", 5, "static")]
+    graph = ImportGraph.scan(planted, registries=["kernels/registry.py"])
+    assert graph.chain(step.roots, "kernels/backends/triton_attn.py") == (
+        (
+            "suites/conftest.py",
+            "engine/builder.py",
+            "kernels/registry.py",
+            "kernels/backends/triton_attn.py",
+        ),
+        "registry",
     )
     assert report.orphan_tests == ("tests/test_unowned.py",)
     assert not report.ok
@@ -101,7 +113,10 @@ def test_planted_backend_gap_is_found_ranked_by_distance(planted):
 def test_check_deps_exit_code_and_fix_keeps_comments_and_order(planted):
     before = run_cli("check-deps", "--repo", str(planted))
     assert before.exit_code == 1
-    assert "gap (distance 4): kernels/backends/triton_attn.py  add 'kernels/'" in before.stdout
+    assert "[FAIL] spec-mtp (ci/test_areas/spec.yaml:4): 5 gaps (2 static, 3 registry)" in (
+        before.stdout
+    )
+    assert "    add 'kernels/': covers 5 static gaps\n" in before.stdout
     (planted / "tests/test_unowned.py").unlink()
     fixed = run_cli("check-deps", "--repo", str(planted), "--fix")
     assert fixed.exit_code == 0, fixed.stdout
@@ -168,18 +183,29 @@ IMPORT_FORMS = {
     "from-package-import-module": "from pkg import target",
     "relative": "from .target import VALUE",
     "relative-parent": "from ..pkg import target",
-    "dotted-string": "PATH = 'pkg.target.Backend'",
-    "f-string-template": (
+    "dotted-string-in-registry": "PATH = 'pkg.target.Backend'",
+    "f-string-template-in-registry": (
         "import importlib\nsuffix = 'get'\nimportlib.import_module(f'pkg.tar{suffix}')"
     ),
     "lazy-in-function": "def load():\n    import pkg.target",
+    "type-checking-else": (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    pass\nelse:\n    import pkg.target"
+    ),
+}
+NOT_RUNTIME_EDGES = {
+    "type-checking": "import typing\nif typing.TYPE_CHECKING:\n    import pkg.target",
+    "string-outside-registries": "PATH = 'pkg.target.Backend'",
+    "f-string-outside-registries": "suffix = 'get'\nNAME = f'pkg.tar{suffix}'",
 }
 
 
-@pytest.mark.parametrize("source", IMPORT_FORMS.values(), ids=IMPORT_FORMS.keys())
-def test_import_forms_reach_the_module(tmp_path, source):
+def _reached(graph: ImportGraph, root: str) -> set[str]:
+    return {graph.nodes[index] for index in members(graph.reach([root], (STATIC, REGISTRY)))}
+
+
+def _graph_of_user(root: Path, source: str, registries: tuple[str, ...]) -> ImportGraph:
     write_tree(
-        tmp_path,
+        root,
         {
             "pkg/__init__.py": "",
             "pkg/target.py": "VALUE = 1\n",
@@ -187,10 +213,20 @@ def test_import_forms_reach_the_module(tmp_path, source):
             "pkg/user.py": source + "\n",
         },
     )
-    closure = ImportGraph.scan(tmp_path).closure({"pkg/user.py": 0})
-    assert "pkg/target.py" in closure
-    assert closure["pkg/__init__.py"][0] == 1
-    assert "pkg/unrelated.py" not in closure
+    return ImportGraph.scan(root, registries=registries)
+
+
+@pytest.mark.parametrize("source", IMPORT_FORMS.values(), ids=IMPORT_FORMS.keys())
+def test_import_forms_reach_the_module(tmp_path, source):
+    graph = _graph_of_user(tmp_path, source, ("pkg/user.py",))
+    assert _reached(graph, "pkg/user.py") == {"pkg/user.py", "pkg/__init__.py", "pkg/target.py"}
+    assert graph.chain(["pkg/user.py"], "pkg/__init__.py")[0] == ("pkg/user.py", "pkg/__init__.py")
+
+
+@pytest.mark.parametrize("source", NOT_RUNTIME_EDGES.values(), ids=NOT_RUNTIME_EDGES.keys())
+def test_type_checking_and_strings_outside_registries_are_no_edges(tmp_path, source):
+    graph = _graph_of_user(tmp_path, source, ())
+    assert _reached(graph, "pkg/user.py") == {"pkg/user.py", "pkg/__init__.py"}
 
 
 def test_strings_that_only_look_dotted_are_not_imports(tmp_path):
@@ -202,7 +238,8 @@ def test_strings_that_only_look_dotted_are_not_imports(tmp_path):
             "pkg/user.py": "CONFIG = 'ci.yaml'\nVERSION = 'pkg.version'\n",
         },
     )
-    assert set(ImportGraph.scan(tmp_path).closure({"pkg/user.py": 0})) == {
+    graph = ImportGraph.scan(tmp_path, registries=["pkg/user.py"])
+    assert _reached(graph, "pkg/user.py") == {
         "pkg/user.py",
         "pkg/__init__.py",
     }
@@ -248,7 +285,7 @@ def test_synthetic_repository_of_3000_modules_is_checked_in_seconds(tmp_path):
     )
     assert report.modules_indexed >= 3000
     assert report.steps[0].gaps and all(step.ok for step in report.steps[1:])
-    assert len(report.steps[0].reachable) > 1000, "random imports connect most of the tree"
+    assert report.steps[0].reachable > 1000, "random imports connect most of the tree"
     assert elapsed < 15.0
 
 
@@ -286,7 +323,16 @@ def test_check_deps_json_report(planted):
     result = run_cli("check-deps", "--repo", str(planted), "--json")
     document = json.loads(result.stdout)
     assert result.exit_code == 1 and document["ok"] is False
-    assert [gap["suggestion"] for gap in document["steps"][0]["gaps"]] == ["kernels/"] * 5
+    (step,) = document["steps"]
+    assert step["gaps"] == {"static": 2, "registry": 3}
+    assert [(item["entry"], item["gaps"], item["kind"]) for item in step["add"]] == [
+        ("kernels/", 5, "static")
+    ]
+    assert step["add"][0]["example"] == [
+        "suites/conftest.py",
+        "engine/builder.py",
+        "kernels/__init__.py",
+    ]
     assert document["orphan_tests"] == ["tests/test_unowned.py"]
 
 
@@ -314,3 +360,16 @@ def test_static_selection_agrees_with_pytest_collection(planted):
     files = collected_files(planted, run, ())
     assert len(from_pytest) == 2
     assert sorted(test.node_id for test in selected_tests(planted, run, files)) == from_pytest
+
+
+@pytest.mark.parametrize(
+    ("successors", "expected"),
+    [
+        ([[1], [2], []], [{0, 1, 2}, {1, 2}, {2}]),
+        ([[1], [0, 2], [], [3]], [{0, 1, 2}, {0, 1, 2}, {2}, {3}]),
+        ([[1], [2], [0], [0]], [{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {0, 1, 2, 3}]),
+    ],
+    ids=["chain", "cycle-with-exit", "cycle-entered-from-outside"],
+)
+def test_reachability_bitsets_follow_cycles(successors, expected):
+    assert [set(members(bits)) for bits in closures(successors)] == expected
