@@ -58,7 +58,7 @@ def vllm_conformance(session: nox.Session, vllm: str) -> None:
     session.run(
         "python",
         "-m",
-        "suites.engines.vllm_verdicts",
+        "suites.grouping.vllm_verdicts",
         "run",
         str(OUT / f"verdicts-{vllm}.json"),
         env=env,
@@ -82,4 +82,4 @@ def vllm_conformance(session: nox.Session, vllm: str) -> None:
         success_codes=[0, 1],
     )
     verdict_files = sorted(str(path) for path in OUT.glob("verdicts-*.json"))
-    session.run("python", "-m", "suites.engines.vllm_verdicts", "table", *verdict_files)
+    session.run("python", "-m", "suites.grouping.vllm_verdicts", "table", *verdict_files)

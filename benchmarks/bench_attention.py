@@ -40,7 +40,6 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -48,7 +47,9 @@ if not torch.cuda.is_available():
     # Triton runs on the CPU only under its interpreter, chosen when kernels are defined.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR, PEERS
 from benchmarks.metrics import Metric, write_metrics
+from benchmarks.run_record import RecordWriter
 from benchmarks.timing import (
     COPY_BYTES,
     Timing,
@@ -65,18 +66,12 @@ from kernels.registry import get_backend
 from kernels.triton_unified_attention import select_path
 from reference_engine.kv_cache_spec import FullAttentionSpec
 
-if TYPE_CHECKING:
-    from benchmarks.run_record import RecordWriter
-
 BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
 DRAFT_HEADS = 4
 VERIFY_QUERY_LEN = 4
-PEERS = ("flashinfer", "vllm-triton")
-BACKENDS = ("triton", *PEERS)
 PEER_BACKENDS: dict[str, type[AttentionBackend]] = {"vllm-triton": VllmTritonPeerBackend}
 CHECKED_REQUESTS = 2  # requests per case compared with the oracle (its cost grows with context)
-MAX_RELATIVE_ERROR = 2e-2
 
 
 @dataclass(frozen=True)
@@ -452,9 +447,6 @@ def write_outputs(
 def record_writer(path: Path | None, device: torch.device) -> RecordWriter | None:
     if path is None:
         return None
-    # Imported here: run_record imports this module's bound and backends.
-    from benchmarks.run_record import RecordWriter
-
     return RecordWriter(path, "benchmarks/bench_attention.py", device)
 
 

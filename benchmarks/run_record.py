@@ -5,11 +5,11 @@
 (``reports.record.RunRecord``). A metric list becomes a record so:
 
 - one pseudo-test per benchmark case, ``TOOL::CASE``: a metric named
-  ``CASE.BACKEND.MEASURE`` (BACKEND one of ``bench_attention.BACKENDS``) or
+  ``CASE.BACKEND.MEASURE`` (BACKEND one of ``backend_names.BACKENDS``) or
   ``CASE.MEASURE`` belongs to CASE, e.g. ``decode.gemma4-e2b-sliding-d256.b64x8k``,
   ``device`` (the copy bandwidth), ``metadata.gemma4-e2b-mtp.b64``;
 - a case fails when one of its ``relative_error`` metrics (``graph_relative_error`` too) is not below
-  ``bench_attention.MAX_RELATIVE_ERROR`` (a non-finite error fails too, as in the
+  ``backend_names.MAX_RELATIVE_ERROR`` (a non-finite error fails too, as in the
   benchmark), with a message naming the backend and error; else it passes. The error is
   judged against the bound, never compared with the baseline's as a timed metric: it
   depends on the random inputs and the kernel's summation order, not on speed;
@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.bench_attention import BACKENDS, MAX_RELATIVE_ERROR
+from benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
 from reports.environment import collect_environment, cpu_name
 from reports.record import Metric, RecordError, RunRecord, Scalar, TestResult, read_json_file
 from reports.record import write_record as write_record_file

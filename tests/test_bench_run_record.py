@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.bench_attention import MAX_RELATIVE_ERROR
+from benchmarks.backend_names import MAX_RELATIVE_ERROR
 from benchmarks.run_record import (
     EXIT_BAD_INPUT,
     EXIT_OK,

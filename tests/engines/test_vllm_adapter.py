@@ -19,7 +19,7 @@ from suites.engines.vllm_adapter import (
     has_module,
     pad_state_pages,
 )
-from suites.engines.vllm_verdicts import main, markdown_table
+from suites.grouping.vllm_verdicts import main, markdown_table
 
 needs_vllm = pytest.mark.skipif(
     not has_module("vllm"), reason="vLLM is not installed (nox -s vllm_conformance installs it)"

@@ -1,11 +1,11 @@
 """Per-pair verdicts of the grouping checks on the installed vLLM, and the
 version x pair table built from them.
 
-``python -m suites.engines.vllm_verdicts run OUT.json`` (in a venv with vLLM)
+``python -m suites.grouping.vllm_verdicts run OUT.json`` (in a venv with vLLM)
 judges every model pair at every TP size it supports with the grouping
 suite's own checks and writes ``{"vllm": VERSION, "runner": ..., "pairs":
 {pair: verdict}}``; a verdict is ``pass`` or the first failing check, its TP
-size and its first message. ``python -m suites.engines.vllm_verdicts table
+size and its first message. ``python -m suites.grouping.vllm_verdicts table
 A.json B.json ...`` prints the Markdown table (no vLLM needed).
 """
 
@@ -112,7 +112,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp.name, path)
 
 
-USAGE = "usage: python -m suites.engines.vllm_verdicts run OUT.json | table VERDICTS.json..."
+USAGE = "usage: python -m suites.grouping.vllm_verdicts run OUT.json | table VERDICTS.json..."
 
 
 def main(argv: Sequence[str]) -> int:
