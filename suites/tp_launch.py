@@ -183,13 +183,15 @@ def _wait(workers: list[subprocess.Popen], logs: list[Path], timeout_s: float) -
         codes = [worker.poll() for worker in workers]
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            rank = failed[0]
-            running = [other for other, code in enumerate(codes) if code is None]
+            running = [rank for rank, code in enumerate(codes) if code is None]
             _stop(workers)
+            exits = ", ".join(f"rank {rank} exited with code {codes[rank]}" for rank in failed)
+            tails = "\n".join(
+                f"--- rank {rank} log (end) ---\n{_log_tail(logs[rank])}" for rank in failed
+            )
             raise TPLaunchError(
-                f"tp rank {rank} of {len(workers)} exited with code {codes[rank]}"
-                f"{f'; stopped ranks {running}' if running else ''}\n"
-                f"--- rank {rank} log (end) ---\n{_log_tail(logs[rank])}"
+                f"tp launch of {len(workers)} ranks failed: {exits}"
+                f"{f'; stopped ranks {running}' if running else ''}\n{tails}"
             )
         if all(code == 0 for code in codes):
             return
@@ -245,24 +247,34 @@ def init_rank(device_type: str) -> RankContext:
     return RankContext(rank, world_size, local_rank, device, dist.group.WORLD)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """One rank: exit 2 on a bad entry or environment, 1 (with its traceback) when the entry raises."""
     parser = argparse.ArgumentParser(description="one tensor-parallel rank (see suites.tp_launch)")
     parser.add_argument("entry", help="package.module:function, called as function(ctx, **kwargs)")
     parser.add_argument("--work-dir", type=Path, required=True, help="holds kwargs.json")
     parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
     args = parser.parse_args(argv)
-    function = resolve_entry(args.entry)
-    kwargs = json.loads((args.work_dir / "kwargs.json").read_text())
-    context = init_rank(args.device)
+    kwargs_file = args.work_dir / "kwargs.json"
     try:
-        result = function(context, **kwargs)
-    finally:
-        dist.destroy_process_group()
+        function = resolve_entry(args.entry)
+        if not kwargs_file.is_file():
+            raise TPLaunchError(f"{kwargs_file}: missing (the entry's keyword arguments as JSON)")
+        try:
+            kwargs = json.loads(kwargs_file.read_text())
+        except json.JSONDecodeError as error:
+            raise TPLaunchError(f"{kwargs_file}: not JSON ({error})") from None
+        context = init_rank(args.device)
+    except TPLaunchError as error:
+        print(f"tp rank: error: {error}", file=sys.stderr)
+        return 2
+    result = function(context, **kwargs)  # a failure leaves the group to the launcher's kill
+    dist.destroy_process_group()
     path = args.work_dir / f"rank{context.rank}.pt"
     temporary = path.with_suffix(".tmp")
     torch.save(result, temporary)
     os.replace(temporary, path)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

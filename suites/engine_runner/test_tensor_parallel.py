@@ -30,7 +30,8 @@ from suites.spec_decode.test_greedy_identity import BF16_MAX_ROW_RTOL, BF16_MEDI
 from suites.tp_checks import rank_group_problems, rank_groups
 from suites.tp_launch import RankContext, launch, missing_devices_reason
 
-pytestmark = pytest.mark.slow
+#: Two model processes on a CPU take minutes; on two GPUs these cases are quick.
+pytestmark = [] if torch.cuda.is_available() else [pytest.mark.slow]
 
 TP_SIZE = 2
 RTOL = 1e-5
