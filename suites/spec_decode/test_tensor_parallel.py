@@ -25,12 +25,18 @@ LAUNCH_TIMEOUT_S = 540
 #: The CPU runs this case by default; the rest are slow there (two model processes on two cores).
 CPU_TP_CASE = ("gemma4-e2b-mtp", "torch")
 MISSING_DEVICES = missing_devices_reason(DEVICE, TP_SIZE)
+CPU_TRITON_SKIP = (
+    "Triton spec decode over TP runs on CUDA only (the interpreter takes minutes per rank); "
+    "on the CPU suites/engine_runner/test_tensor_parallel.py covers Triton's TP path"
+)
 
 
 def _marks(pair: str, backend: str) -> list:
     marks = case_marks(pair, backend, "fp32")
     if MISSING_DEVICES:
         marks.append(pytest.mark.skip(reason=MISSING_DEVICES))
+    elif not ON_GPU and backend == "triton":
+        marks.append(pytest.mark.skip(reason=CPU_TRITON_SKIP))
     slow = any(mark.name == "slow" for mark in marks)
     if not ON_GPU and (pair, backend) != CPU_TP_CASE and not slow:
         marks.append(pytest.mark.slow)
