@@ -30,7 +30,7 @@ def _sized_heads(description: dict) -> set[int]:
     return heads
 
 
-def _guard_refuses_other_heads(builder: Any) -> bool:
+def flashinfer_guard_active(builder: Any) -> bool:
     """A FlashInfer plan serves a query with its heads and refuses one with twice as many."""
     layer = builder.layers[0]
     plan = builder.plan
@@ -64,7 +64,7 @@ def rank_groups(runner: Any) -> list[dict]:
                         set().union(*(_sized_heads(builder.describe()) for builder in builders))
                     ),
                     "flashinfer_guard": [
-                        _guard_refuses_other_heads(builder)
+                        flashinfer_guard_active(builder)
                         for builder in builders
                         if hasattr(builder, "plan")
                     ],
