@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from reference_engine.model_pairs import MODEL_PAIRS
 from suites.spec_decode.harness import DEVICE, ON_GPU, case_marks
@@ -70,7 +69,7 @@ def test_tp2_matches_tp1(
             "weights_root": str(engines.weights_root),
         },
         world_size=TP_SIZE,
-        device_type=torch.device(DEVICE).type,
+        device_type=DEVICE,
         work_dir=tmp_path,
         timeout_s=LAUNCH_TIMEOUT_S,
     )
