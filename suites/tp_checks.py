@@ -77,6 +77,8 @@ def rank_group_problems(
     rank: int, groups: Sequence[dict], unsharded: Sequence[dict], tp_size: int
 ) -> list[str]:
     """What is wrong with one rank's groups, given tp = 1's (empty when all is right)."""
+    if not unsharded:
+        return [f"rank {rank}: tp=1 has no attention group to compare with"]
     expected = {tuple(group["layers"]): group["num_heads_q"] // tp_size for group in unsharded}
     seen = {tuple(group["layers"]) for group in groups}
     problems = [

@@ -56,6 +56,12 @@ def test_a_faulty_rank_is_reported(changes: dict, expected: str) -> None:
     )
 
 
+def test_an_empty_comparison_is_a_problem() -> None:
+    assert rank_group_problems(0, [], [], TP_SIZE) == [
+        "rank 0: tp=1 has no attention group to compare with"
+    ]
+
+
 def test_a_missing_group_is_reported() -> None:
     problems = rank_group_problems(0, _rank()[:1], UNSHARDED, TP_SIZE)
     assert problems == ["rank 0: no attention group ['d.0'] (tp=1 has it)"]
