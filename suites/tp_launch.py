@@ -153,6 +153,8 @@ def launch(
     if reason is not None:
         raise TPLaunchError(reason)
     work_dir.mkdir(parents=True, exist_ok=True)
+    for stale in work_dir.glob("rank*.pt"):  # an earlier launch's results are not this one's
+        stale.unlink()
     (work_dir / "kwargs.json").write_text(json.dumps(dict(kwargs)))
     port = _free_port()
     logs = [work_dir / f"rank{rank}.log" for rank in range(world_size)]
