@@ -1,111 +1,82 @@
-"""Tensor parallelism: tp = 2 as two processes (torch.distributed, gloo on the CPU,
-all-reduce after attention output and MLP) emits the tokens of tp = 1, and each
-rank's attention groups carry per-rank head counts (half of tp = 1's)."""
+"""Tensor parallelism: greedy speculative decoding at tp = 2 (one process per
+rank through ``suites.tp_launch``: NCCL on two GPUs, gloo on the CPU) emits the
+tokens of tp = 1, and each rank's attention groups and builders carry per-rank
+head counts (``suites.tp_checks``).
+
+fp32 only: token equality across TP sizes is exact there; bf16 TP is judged on
+logits by ``suites/engine_runner/test_tensor_parallel.py``.
+"""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from suites.spec_decode.harness import ON_GPU, case_marks
+from reference_engine.model_pairs import MODEL_PAIRS
+from suites.spec_decode.harness import DEVICE, ON_GPU, case_marks
+from suites.tp_checks import rank_group_problems, rank_groups
+from suites.tp_launch import launch, missing_devices_reason
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TP_SIZE = 2
-WORKER_TIMEOUT_S = 540
-#: Run on the CPU by default; the rest are slow there (two model processes on two cores).
-CPU_TP_PAIR = "gemma4-e2b-mtp"
+NUM_SPEC_TOKENS = 1
+LAUNCH_TIMEOUT_S = 540
+#: The CPU runs this case by default; the rest are slow there (two model processes on two cores).
+CPU_TP_CASE = ("gemma4-e2b-mtp", "torch")
+MISSING_DEVICES = missing_devices_reason(DEVICE, TP_SIZE)
+CPU_TRITON_SKIP = (
+    "Triton spec decode over TP runs on CUDA only (the interpreter takes minutes per rank); "
+    "on the CPU suites/engine_runner/test_tensor_parallel.py covers Triton's TP path"
+)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _marks(pair: str, backend: str) -> list:
+    marks = case_marks(pair, backend, "fp32")
+    if MISSING_DEVICES:
+        marks.append(pytest.mark.skip(reason=MISSING_DEVICES))
+    elif not ON_GPU and backend == "triton":
+        marks.append(pytest.mark.skip(reason=CPU_TRITON_SKIP))
+    slow = any(mark.name == "slow" for mark in marks)
+    if not ON_GPU and (pair, backend) != CPU_TP_CASE and not slow:
+        marks.append(pytest.mark.slow)
+    return marks
 
 
-def _cases() -> list:
-    pairs = ["gemma4-e2b-mtp", "qwen3-next-mtp", "llama3-eagle", "qwen3-8b-draft-1.7b"]
-    gpu_skip = pytest.mark.skipif(
-        ON_GPU, reason="TP here is gloo on the CPU; multi-GPU NCCL TP is not part of this suite"
+CASES = [
+    pytest.param(
+        pair, backend, marks=_marks(pair, backend), id=f"{pair}-{backend}-fp32-tp{TP_SIZE}"
     )
-    return [
-        pytest.param(
-            pair,
-            marks=[
-                *case_marks(pair, "torch", "fp32"),
-                gpu_skip,
-                *([] if ON_GPU or pair == CPU_TP_PAIR else [pytest.mark.slow]),
-            ],
-            id=f"{pair}-torch-fp32-tp{TP_SIZE}",
-        )
-        for pair in pairs
-    ]
+    for pair, model_pair in MODEL_PAIRS.items()
+    if TP_SIZE in model_pair.supported_tp_sizes
+    for backend in ("torch", "triton")
+]
 
 
-def _launch(pair: str, weights_root: Path, out_dir: Path) -> list[dict]:
-    port = _free_port()
-    outs = [out_dir / f"rank{rank}.json" for rank in range(TP_SIZE)]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO_ROOT),
-        "OMP_NUM_THREADS": "1",
-        "TRITON_INTERPRET": "1",
-    }
-    workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "suites.spec_decode.tp_worker",
-                "--pair",
-                pair,
-                "--rank",
-                str(rank),
-                "--world-size",
-                str(TP_SIZE),
-                "--port",
-                str(port),
-                "--weights-root",
-                str(weights_root),
-                "--out",
-                str(outs[rank]),
-            ],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(TP_SIZE)
-    ]
-    logs = []
-    try:
-        for worker in workers:
-            logs.append(worker.communicate(timeout=WORKER_TIMEOUT_S)[0])
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-    for rank, worker in enumerate(workers):
-        assert worker.returncode == 0, f"tp rank {rank} failed:\n{logs[rank][-4000:]}"
-    return [json.loads(path.read_text()) for path in outs]
-
-
-@pytest.mark.parametrize("pair", _cases())
-def test_tp2_matches_tp1(engines, target_only_tokens, pair: str, tmp_path: Path) -> None:
-    tp1 = engines.engine(pair, num_spec_tokens=1)
-    tp1_heads = [[group.num_heads_q for group in row] for row in tp1.runner.attention_groups]
-    ranks = _launch(pair, engines.weights_root, tmp_path)
-    reference = target_only_tokens(pair, "torch", "fp32")
+@pytest.mark.parametrize(("pair", "backend"), CASES)
+def test_tp2_matches_tp1(
+    engines, target_only_tokens, pair: str, backend: str, tmp_path: Path
+) -> None:
+    unsharded = rank_groups(
+        engines.engine(pair, backend=backend, num_spec_tokens=NUM_SPEC_TOKENS).runner
+    )
+    ranks = launch(
+        "suites.spec_decode.tp_worker:greedy_rank",
+        {
+            "pair": pair,
+            "backend": backend,
+            "dtype": "fp32",
+            "num_spec_tokens": NUM_SPEC_TOKENS,
+            "weights_root": str(engines.weights_root),
+        },
+        world_size=TP_SIZE,
+        device_type=DEVICE,
+        work_dir=tmp_path,
+        timeout_s=LAUNCH_TIMEOUT_S,
+    )
+    reference = target_only_tokens(pair, backend, "fp32")
     for rank, result in enumerate(ranks):
         assert result["tokens"] == reference, (
             f"rank {rank} of tp={TP_SIZE} emitted other tokens than tp=1"
         )
-        assert result["heads"] == [[heads // TP_SIZE for heads in row] for row in tp1_heads], (
-            f"rank {rank}: attention groups must carry per-rank head counts"
-        )
+        problems = rank_group_problems(rank, result["groups"], unsharded, TP_SIZE)
+        assert not problems, "\n".join(problems)
