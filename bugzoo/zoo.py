@@ -5,8 +5,9 @@ the bug it reproduces and its source, and the tests that must catch it. The runn
 copies the repository's files (tracked and untracked-but-not-ignored, as git lists
 them) into a scratch directory, runs every entry's tests on the unpatched copy
 (they must pass), then for each entry applies its patch, runs its tests (they
-must fail), and reverts the patch. An entry is *caught* when pytest exits 1
-(tests failed) within the time budget; any other outcome (tests passed, a
+must fail), and reverts the patch. An entry is *caught* when some named test fails
+(pytest exits 1, or 2 where xdist stops at the first failure; failures are counted
+from the JUnit XML) within the time budget; any other outcome (tests passed, a
 collection or usage error, a patch that does not apply, a timeout) fails the zoo.
 """
 
@@ -21,12 +22,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 import yaml
 
 ENTRY_FIELDS = ("id", "bug", "source", "affected", "kind", "patch", "tests")
 KINDS = ("historical", "mutation")
-PYTEST_TESTS_FAILED = 1
+STOPPED_ON_FAILURE = (1, 2)  # tests failed; interrupted by --maxfail under xdist
 
 
 class ZooError(ValueError):
@@ -109,9 +111,16 @@ def git_apply(tree: Path, patch: Path, *, reverse: bool = False) -> str | None:
 
 def run_tests(
     tree: Path, tests: Sequence[str], workers: int, budget: float
-) -> tuple[int | None, float, str]:
-    """(pytest's exit status or None on timeout, seconds, the output's tail)."""
+) -> tuple[int | None, int, float, str]:
+    """(pytest's exit status or None on timeout, failed tests, seconds, the output's tail).
+
+    pytest stops at the first failure; under xdist that stop exits 2 (interrupted), so
+    failures are counted from the JUnit XML rather than read off the exit status.
+    """
+    junit = tree / "out" / "bugzoo-junit.xml"
+    junit.unlink(missing_ok=True)
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--maxfail=1"]
+    command += [f"--junitxml={junit}"]
     if workers:
         command += ["-n", str(workers)]
     started = time.perf_counter()
@@ -125,9 +134,21 @@ def run_tests(
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return None, time.perf_counter() - started, ""
+        return None, 0, time.perf_counter() - started, ""
     output = (result.stdout + result.stderr)[-3000:]
-    return result.returncode, time.perf_counter() - started, output
+    return result.returncode, _failed_tests(junit), time.perf_counter() - started, output
+
+
+def _failed_tests(junit: Path) -> int:
+    """Test cases that failed or errored in a JUnit XML file (0 when there is none)."""
+    if not junit.is_file():
+        return 0
+    root = ElementTree.parse(junit).getroot()
+    return sum(
+        1
+        for case in root.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    )
 
 
 def judge(entry: Entry, tree: Path, zoo: Path, workers: int, budget: float) -> Outcome:
@@ -137,7 +158,7 @@ def judge(entry: Entry, tree: Path, zoo: Path, workers: int, budget: float) -> O
     if problem:
         return Outcome(entry.id, False, 0.0, f"the patch does not apply: {problem}")
     try:
-        status, seconds, output = run_tests(tree, entry.tests, workers, budget)
+        status, failed, seconds, output = run_tests(tree, entry.tests, workers, budget)
     finally:
         reverted = git_apply(tree, patch, reverse=True)
         if reverted:
@@ -146,8 +167,8 @@ def judge(entry: Entry, tree: Path, zoo: Path, workers: int, budget: float) -> O
         verdict = f"timed out after {seconds:.0f} s"
     elif status == 0:
         verdict = "NOT CAUGHT: the named tests pass with the bug planted"
-    elif status != PYTEST_TESTS_FAILED:
-        verdict = f"pytest exited {status} (not a test failure): the bug broke the run itself"
+    elif status not in STOPPED_ON_FAILURE or not failed or "ERROR collecting" in output:
+        verdict = f"pytest exited {status} without a failing test: the bug broke the run itself"
     elif seconds > budget:
         verdict = f"caught, but in {seconds:.0f} s, over the {budget:.0f} s budget"
     else:
@@ -176,7 +197,7 @@ def run_zoo(
         copy_tree(root, tree)
         tests = list(dict.fromkeys(test for entry in entries for test in entry.tests))
         log(f"baseline: {len(tests)} test selections on the unpatched tree")
-        status, seconds, output = run_tests(tree, tests, workers, budget * len(entries))
+        status, _, seconds, output = run_tests(tree, tests, workers, budget * len(entries))
         baseline = Outcome(
             "baseline",
             status == 0,
