@@ -215,10 +215,11 @@ def run_zoo(
 
 
 def markdown_table(entries: Sequence[Entry], outcomes: Sequence[Outcome]) -> str:
+    """The README table: bug, source, affected release, the tests that catch it, seconds."""
     by_id = {outcome.id: outcome for outcome in outcomes}
     lines = [
-        "| bug | source (affected) | caught by | seconds |",
-        "| --- | --- | --- | --- |",
+        "| bug | source | affected | caught by | seconds |",
+        "| --- | --- | --- | --- | --- |",
     ]
     for entry in entries:
         outcome = by_id.get(entry.id)
@@ -227,7 +228,7 @@ def markdown_table(entries: Sequence[Entry], outcomes: Sequence[Outcome]) -> str
         if outcome is not None and not outcome.caught:
             seconds += f" ({outcome.verdict})"
         lines.append(
-            f"| `{entry.id}`: {entry.bug} | {entry.source} ({entry.affected}) | {tests} | {seconds} |"
+            f"| `{entry.id}`: {entry.bug} | {entry.source} | {entry.affected} | {tests} | {seconds} |"
         )
     return "\n".join(lines)
 

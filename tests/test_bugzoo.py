@@ -73,7 +73,7 @@ def test_caught_and_uncaught_patches(repo: Path) -> None:
     assert outcomes[1].verdict.startswith("NOT CAUGHT")
     assert (repo / "calc.py").read_text() == SOURCE, "the runner touched the repository"
     table = markdown_table(load_entries(zoo / "entries.yaml"), outcomes)
-    assert "| `comment`: comment planted | this test (the tiny repository) |" in table
+    assert "| `comment`: comment planted | this test | the tiny repository |" in table
     assert "NOT CAUGHT" in table
 
 
