@@ -1,4 +1,4 @@
-"""An independent oracle for the k-step paged draft loop, on the CPU, for every pair.
+"""An independent oracle for the k-step paged draft loop, for every pair (CPU in CI).
 
 ``ModelRunner.propose`` drafts k tokens on the paged KV cache (torch backend,
 float32), at temperature 1 so each step returns softmax(logits). The oracle runs
@@ -87,8 +87,8 @@ def dense_attention(
     )
     if layer.logits_soft_cap:
         scores = layer.logits_soft_cap * torch.tanh(scores / layer.logits_soft_cap)
-    key_pos = torch.arange(keys.shape[0])[None, :]
-    query_pos = ctx.mask_positions.cpu()[:, None]
+    key_pos = torch.arange(keys.shape[0], device=query.device)[None, :]
+    query_pos = ctx.mask_positions.to(query.device)[:, None]
     visible = key_pos <= query_pos
     if layer.sliding_window is not None:
         visible &= key_pos > query_pos - layer.sliding_window
@@ -113,7 +113,7 @@ def unpaged_attention(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def dense_context(runner: ModelRunner, positions, mask_positions=None) -> DenseContext:
-    positions = torch.as_tensor(positions, dtype=torch.long)
+    positions = tokens(runner, list(positions))
     sources = {}
     for name in runner.layers:
         source = name
@@ -138,7 +138,7 @@ def oracle_draft_model(runner, token_ids: list[int], drafts: list[int]) -> Oracl
     for step in range(len(drafts)):
         sequence = token_ids + drafts[:step]
         ctx = dense_context(runner, range(len(sequence)))
-        hidden = runner.draft(torch.tensor(sequence), ctx)
+        hidden = runner.draft(tokens(runner, sequence), ctx)
         probs.append(torch.softmax(runner.draft.compute_logits(hidden[-1:])[0], dim=-1))
     return OracleResult(probs, _own_kv(runner, ctx))
 
@@ -153,7 +153,7 @@ def oracle_hidden_conditioned(
     for step in range(len(drafts)):
         entries = length - 1 + step  # entry p: (hidden at p, token p + 1)
         ctx = dense_context(runner, range(entries))
-        normed, feedback = runner.draft(torch.tensor(sequence[1 : entries + 1]), hidden_in, ctx)
+        normed, feedback = runner.draft(tokens(runner, sequence[1 : entries + 1]), hidden_in, ctx)
         probs.append(torch.softmax(runner.draft.compute_logits(normed[-1:])[0], dim=-1))
         hidden_in = torch.cat([hidden_in, feedback[-1:]])
     return OracleResult(probs, _own_kv(runner, ctx))
@@ -162,13 +162,13 @@ def oracle_hidden_conditioned(
 def oracle_constant_position(runner, token_ids: list[int], drafts: list[int]) -> OracleResult:
     length = len(token_ids)
     target_ctx = dense_context(runner, range(length - 1))
-    hidden = runner.target(torch.tensor(token_ids[:-1]), target_ctx)[-1:]
+    hidden = runner.target(tokens(runner, token_ids[:-1]), target_ctx)[-1:]
     probs = []
     inputs = [token_ids[-1], *drafts[:-1]]
     for token in inputs:
         ctx = dense_context(runner, [length - 1], torch.tensor([length - 2]))
         ctx.keys, ctx.values = target_ctx.keys, target_ctx.values
-        normed, hidden = runner.draft(torch.tensor([token]), hidden, ctx)
+        normed, hidden = runner.draft(tokens(runner, [token]), hidden, ctx)
         probs.append(torch.softmax(runner.draft.compute_logits(normed)[0], dim=-1))
     return OracleResult(probs, {})
 
@@ -226,14 +226,19 @@ def slot_of(runner: ModelRunner, layer: str, blocks, position: int) -> int:
 
 
 def paged_kv(runner, layer: str, blocks, positions) -> tuple[torch.Tensor, torch.Tensor]:
-    slots = torch.tensor([slot_of(runner, layer, blocks, p) for p in positions])
+    slots = tokens(runner, [slot_of(runner, layer, blocks, p) for p in positions])
     key_cache, value_cache = runner.kv_caches[layer]
     flat = (-1, *key_cache.shape[2:])
     return key_cache.view(flat)[slots], value_cache.view(flat)[slots]
 
 
+def tokens(runner: ModelRunner, values) -> torch.Tensor:
+    """int64 ``values`` on the runner's device."""
+    return torch.tensor(values, dtype=torch.long, device=runner.device)
+
+
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    actual, expected = actual.double(), expected.double()
+    actual, expected = actual.cpu().double(), expected.cpu().double()
     return float((actual - expected).norm() / expected.norm())
 
 
@@ -241,7 +246,9 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def runners(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ModelRunner]:
+def runners(
+    tmp_path_factory: pytest.TempPathFactory, device: torch.device
+) -> Callable[[str], ModelRunner]:
     cache: dict[str, ModelRunner] = {}
 
     def get(pair_name: str) -> ModelRunner:
@@ -250,7 +257,7 @@ def runners(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], ModelRu
             cache[pair_name] = ModelRunner(
                 MODEL_PAIRS[pair_name],
                 backend="torch",
-                device="cpu",
+                device=device,
                 num_blocks=64,
                 num_spec_tokens=3,
                 weights_dir=weights,
