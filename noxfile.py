@@ -137,6 +137,23 @@ def ci(session: nox.Session) -> None:
     session.run("python", "-m", "ci", "select", "--base", base, "--explain")
 
 
+@nox.session(default=False)
+def bugzoo(session: nox.Session) -> None:
+    """Plant every bug of the zoo (bugzoo/entries.yaml) in a scratch copy and run the tests
+    it names: fails unless the unpatched tree passes them and every patch is caught."""
+    _install_project(session)
+    session.run(
+        "python",
+        "-m",
+        "bugzoo",
+        "--table",
+        "--json",
+        str(OUT / "bugzoo" / "results.json"),
+        *session.posargs,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+
+
 @nox.session(venv_backend="none", default=False)
 def bench(session: nox.Session) -> None:
     """Kernel benchmarks on the GPU: metric list and run record under out/bench."""

@@ -1,8 +1,11 @@
-"""Print an engine's grouping outcomes for every pair, TP size and policy as
-canonical JSON.
+"""Write an engine's grouping outcomes for every pair, TP size and policy as
+canonical JSON to a file.
 
 Used by the determinism test, which runs it in fresh processes with
-different hash seeds: ``python -m suites.engines.dump ENGINE``.
+different hash seeds: ``python -m suites.engines.dump ENGINE OUTPUT``. The
+outcomes go to ``OUTPUT``, not to stdout: an engine may print its own log
+lines there (vLLM prints timestamped warnings), and those must not decide
+whether two groupings are equal.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from pathlib import Path
 
 from reference_engine.model_pairs import MODEL_PAIRS
 from suites.engines.base import EngineAdapter, GroupingOutcome
@@ -49,11 +53,13 @@ def all_outcomes_as_json(adapter: EngineAdapter) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m suites.engines.dump ENGINE", file=sys.stderr)
+    if len(argv) != 2:
+        print("usage: python -m suites.engines.dump ENGINE OUTPUT", file=sys.stderr)
         return 2
-    adapter = importlib.import_module(f"suites.engines.{argv[0]}_adapter").make_adapter(None)
-    print(all_outcomes_as_json(adapter))
+    engine, output = argv
+    adapter = importlib.import_module(f"suites.engines.{engine}_adapter").make_adapter(None)
+    text = all_outcomes_as_json(adapter)
+    Path(output).write_text(text + "\n", encoding="utf-8")
     return 0
 
 

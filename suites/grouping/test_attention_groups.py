@@ -3,6 +3,8 @@ engine only: these test its public API directly, not through an adapter)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from reference_engine.attention_groups import (
 )
 from reference_engine.grouping_plan import plan_grouping
 from reference_engine.kv_cache_groups import get_kv_cache_groups
+from reference_engine.kv_cache_spec import UniformTypeKVCacheSpecs
 from reference_engine.layers import LayerDescription, LayerKind, Role
 from reference_engine.model_pairs import get_model_pair
 
@@ -93,6 +96,32 @@ def test_per_layer_spec_splits_inside_a_uniform_type_group():
         (["small"], 64),
         (["large"], 128),
     ]
+
+
+def test_kv_sharing_chain_inside_a_uniform_type_group():
+    """``draft`` reads ``mid``, which reads ``large``: the chain ends at ``large``, whose
+    per-layer spec (head 128 inside the uniform-type group) both sharers take; the
+    4-head draft still gets an attention group and a builder head count of its own."""
+    layers = [
+        attention("small", 8, head_size=64),
+        attention("large", 8, head_size=128),
+        replace(attention("mid", 8), kv_sharing_target="large"),
+        replace(attention("draft", 4, role=Role.DRAFT), kv_sharing_target="mid"),
+    ]
+    plan = plan_grouping(layers, "split", dtype=torch.float16)
+    (kv_group,) = plan.kv_cache_groups
+    assert isinstance(kv_group.kv_cache_spec, UniformTypeKVCacheSpecs)
+    assert kv_group.layer_names == ("small", "large", "mid", "draft")
+    large_spec = kv_group.spec_for("large")
+    assert [
+        (e.group.layer_names, e.group.kv_cache_spec, e.group.num_heads_q, e.builder_num_heads)
+        for e in plan.attention_groups[0]
+    ] == [
+        (["small"], kv_group.spec_for("small"), 8, 8),
+        (["large", "mid"], large_spec, 8, 8),
+        (["draft"], large_spec, 4, 4),
+    ]
+    assert plan.error is None
 
 
 def test_state_layers_have_zero_query_heads():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -128,18 +129,58 @@ def test_legacy_grouping_crashes_like_vllm(engine, pair_name):
         assert check_homogeneity(outcome, pair.layers()) == []
 
 
-def test_grouping_is_deterministic_across_hash_seeds(engine):
+def grouping_outcomes_in_fresh_process(
+    engine_name: str, seed: str, output: Path, env: dict[str, str] | None = None
+) -> tuple[str, str]:
+    """(the outcomes ``suites.engines.dump`` wrote to ``output``, the process's stdout),
+    from a fresh interpreter with ``PYTHONHASHSEED=seed``."""
+    result = subprocess.run(
+        [sys.executable, "-m", "suites.engines.dump", engine_name, str(output)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {}), "PYTHONHASHSEED": seed},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return output.read_text(encoding="utf-8").rstrip("\n"), result.stdout
+
+
+def test_grouping_is_deterministic_across_hash_seeds(engine, tmp_path):
     """Same groups in the same order, for every pair, TP size and policy, in
-    fresh processes with other hash seeds as in this one."""
+    fresh processes with other hash seeds as in this one. The grouping output is
+    compared, never the process's stdout, where an engine may log."""
     outputs = {all_outcomes_as_json(engine)}
     for seed in ("0", "12345"):
-        result = subprocess.run(
-            [sys.executable, "-m", "suites.engines.dump", engine.name],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-            check=False,
+        outcomes, _ = grouping_outcomes_in_fresh_process(
+            engine.name, seed, tmp_path / f"seed-{seed}.jsonl"
         )
-        assert result.returncode == 0, result.stderr
-        outputs.add(result.stdout.rstrip("\n"))
+        outputs.add(outcomes)
     assert len(outputs) == 1
+
+
+NOISY_SITECUSTOMIZE = """
+import atexit, logging, sys, time
+
+def _log(message):
+    stamp = time.strftime("%m-%d %H:%M:%S") + f".{time.time_ns() % 10**9:09d}"
+    print(f"WARNING {stamp} [noisy.py:1] {message}", flush=True)
+
+_log("engine starting")
+atexit.register(_log, "engine shutting down")
+"""
+
+
+def test_determinism_check_ignores_the_engines_own_log_lines(engine, tmp_path):
+    """An engine that prints timestamped warnings to stdout (vLLM 0.22.1 and 0.24.0
+    do) still compares equal across runs: stdout differs, the grouping output does not."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NOISY_SITECUSTOMIZE, encoding="utf-8")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    runs = [
+        grouping_outcomes_in_fresh_process(engine.name, seed, tmp_path / f"{seed}.jsonl", env)
+        for seed in ("0", "12345")
+    ]
+    (first_outcomes, first_stdout), (second_outcomes, second_stdout) = runs
+    assert "WARNING" in first_stdout and first_stdout != second_stdout, "the engine did not log"
+    assert first_outcomes == second_outcomes == all_outcomes_as_json(engine)

@@ -4,10 +4,14 @@ native policy, and LEGACY fails loudly exactly when a group mixes heads."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+import torch
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
+from reference_engine.kv_cache_groups import get_kv_cache_groups
+from reference_engine.kv_cache_spec import UniformTypeKVCacheSpecs
 from reference_engine.layers import LayerDescription, LayerKind, Role
+from reference_engine.model_pairs import kv_sharing_of
 from suites.grouping.checks import conformance_violations, expected_mixed_heads_error
 
 pytestmark = pytest.mark.grouping
@@ -15,20 +19,28 @@ pytestmark = pytest.mark.grouping
 BACKENDS = ("triton", "torch")
 
 
+WINDOW_MIXES = {"full": (None,), "sliding": (32,), "hybrid": (None, 32)}
+
+
 @st.composite
 def layer_sets(draw) -> list[LayerDescription]:
     """Target layers of a few shapes, draft layers that may have fewer query
-    heads, and KV-sharing layers that read an earlier non-shared layer."""
+    heads, and KV-sharing layers that read any earlier layer, a shared one
+    included (a chain: the owner is at its end).
+
+    One window mix per set: when every owner is full (or every owner sliding)
+    but head sizes differ, the layers form one ``UniformTypeKVCacheSpecs`` group,
+    where each attention group takes its layer's own spec from inside it.
+    """
     num_layers = draw(st.integers(min_value=1, max_value=12))
+    windows = WINDOW_MIXES[draw(st.sampled_from(sorted(WINDOW_MIXES)))]
     layers: list[LayerDescription] = []
     for index in range(num_layers):
         role = draw(st.sampled_from(list(Role)))
-        num_kv_heads = draw(st.sampled_from((1, 2, 8)))
-        owners = [layer for layer in layers if layer.kv_sharing_target is None]
-        share = owners and draw(st.booleans())
-        source = draw(st.sampled_from(owners)) if share else None
-        if source is not None:
-            num_kv_heads = source.num_kv_heads
+        share = bool(layers) and draw(st.booleans())
+        source = draw(st.sampled_from(layers)) if share else None
+        owner = _owner_of(source, layers) if source else None
+        num_kv_heads = owner.num_kv_heads if owner else draw(st.sampled_from((1, 2, 8)))
         layers.append(
             LayerDescription(
                 name=f"{role}.layers.{index}.attn",
@@ -37,14 +49,44 @@ def layer_sets(draw) -> list[LayerDescription]:
                 backend=draw(st.sampled_from(BACKENDS)),
                 num_heads_q=num_kv_heads * draw(st.sampled_from((1, 2, 4))),
                 num_kv_heads=num_kv_heads,
-                head_size=source.head_size if source else draw(st.sampled_from((64, 128, 256))),
-                sliding_window=source.sliding_window
-                if source
-                else draw(st.sampled_from((None, 32))),
+                head_size=owner.head_size if owner else draw(st.sampled_from((64, 128, 256))),
+                sliding_window=owner.sliding_window if owner else draw(st.sampled_from(windows)),
                 kv_sharing_target=source.name if source else None,
             )
         )
     return layers
+
+
+def _owner_of(layer: LayerDescription, layers: list[LayerDescription]) -> LayerDescription:
+    """The layer at the end of ``layer``'s KV-sharing chain (the one that owns the cache)."""
+    by_name = {candidate.name: candidate for candidate in layers}
+    while layer.kv_sharing_target is not None:
+        layer = by_name[layer.kv_sharing_target]
+    return layer
+
+
+def test_strategy_draws_chains_and_uniform_type_groups():
+    """The strategy reaches the inputs it exists for: a KV-sharing chain inside a
+    ``UniformTypeKVCacheSpecs`` group (hypothesis' ``find`` fails if none is drawn)."""
+
+    def chain_in_uniform_type_group(layers: list[LayerDescription]) -> bool:
+        by_name = {layer.name: layer for layer in layers}
+        has_chain = any(
+            layer.kv_sharing_target and by_name[layer.kv_sharing_target].kv_sharing_target
+            for layer in layers
+        )
+        specs = {
+            layer.name: spec
+            for layer in layers
+            if (spec := layer.kv_cache_spec(16, torch.float32)) is not None
+        }
+        groups = get_kv_cache_groups(specs, kv_sharing_of(layers))
+        return has_chain and any(
+            isinstance(group.kv_cache_spec, UniformTypeKVCacheSpecs) for group in groups
+        )
+
+    example = find(layer_sets(), chain_in_uniform_type_group, settings=settings(max_examples=2000))
+    assert chain_in_uniform_type_group(example)
 
 
 @settings(

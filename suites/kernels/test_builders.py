@@ -17,8 +17,10 @@ from kernels.registry import get_backend
 from kernels.triton_unified_attention import DEFAULT_NUM_SEGMENTS, ScratchTooSmallError
 from reference_engine.attention_groups import AttentionGroup, GroupingPolicy
 from reference_engine.kv_cache_spec import FullAttentionSpec
+from reference_engine.model_pairs import MODEL_PAIRS
 from suites.kernels.backend_harness import (
     ATTENTION_BACKENDS,
+    attention_groups,
     backend_name_params,
     common_metadata,
     group_holding,
@@ -97,6 +99,32 @@ def test_builder_state_follows_group_heads(backend_name: str, role, device) -> N
         )
         metadata = builder.build(common_metadata(batch, group.kv_cache_spec.block_size))
         assert metadata.wrapper._num_qo_heads == expected_heads  # what FlashInfer planned
+
+
+@pytest.mark.parametrize(
+    "pair_name", [name for name, pair in MODEL_PAIRS.items() if pair.default_backend == "triton"]
+)
+def test_every_triton_group_owns_scratch_for_its_heads(pair_name: str) -> None:
+    """All of a pair's groups built side by side, as the engine builds them: each builder's
+    split-KV scratch has its own group's head count and head size (not the model's) and
+    storage of its own (a scratch shared by groups of one KV geometry would serve the
+    draft with the target's)."""
+    layers = {layer.name: layer for layer in MODEL_PAIRS[pair_name].layers()}
+    _, groups = attention_groups(pair_name, GroupingPolicy.SPLIT_BY_Q_HEADS, torch.float32)
+    triton_groups = [group for group in groups if group.backend.name == "triton"]
+    for group in triton_groups:
+        group.create_metadata_builders(layers, "cpu", **SMALL_BUILDER)
+    builders = [group.get_metadata_builder() for group in triton_groups]
+    assert [builder.scratch.segm_output.shape[1:] for builder in builders] == [
+        (
+            group.num_heads_q,
+            DEFAULT_NUM_SEGMENTS,
+            triton.next_power_of_2(group.kv_cache_spec.head_size),
+        )
+        for group in triton_groups
+    ]
+    storages = {builder.scratch.segm_output.data_ptr() for builder in builders}
+    assert len(storages) == len(builders), "builders share a scratch"
 
 
 @pytest.mark.parametrize(

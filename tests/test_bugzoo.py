@@ -1,0 +1,126 @@
+"""The bug zoo's runner on a tiny repository: a caught patch passes, an uncaught one fails
+the zoo, and so do a patch that does not apply and a baseline that fails.
+
+(The zoo itself is ``nox -s bugzoo``; it takes minutes, so it is not part of the tests.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bugzoo.__main__ import main
+from bugzoo.zoo import ZooError, load_entries, markdown_table, run_zoo
+
+SOURCE = "def add(a, b):\n    return a + b\n"
+TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def make_patch(repo: Path, name: str, edited_source: str) -> str:
+    """A diff of calc.py against HEAD, as the zoo stores it; the file is restored."""
+    (repo / "calc.py").write_text(edited_source)
+    diff = git(repo, "diff", "--", "calc.py")
+    git(repo, "checkout", "--", "calc.py")
+    (repo / "zoo" / "patches" / f"{name}.diff").write_text(diff)
+    return f"patches/{name}.diff"
+
+
+def entry(name: str, patch: str) -> dict:
+    return {
+        "id": name,
+        "kind": "mutation",
+        "bug": f"{name} planted",
+        "source": "this test",
+        "affected": "the tiny repository",
+        "patch": patch,
+        "tests": ["test_calc.py::test_add"],
+    }
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    (tmp_path / "calc.py").write_text(SOURCE)
+    (tmp_path / "test_calc.py").write_text(TEST)
+    (tmp_path / "zoo" / "patches").mkdir(parents=True)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "calc.py", "test_calc.py")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny")
+    return tmp_path
+
+
+def write_entries(repo: Path, entries: list[dict]) -> Path:
+    zoo = repo / "zoo"
+    (zoo / "entries.yaml").write_text(yaml.safe_dump({"entries": entries}))
+    return zoo
+
+
+def test_caught_and_uncaught_patches(repo: Path) -> None:
+    caught = make_patch(repo, "subtracts", SOURCE.replace("a + b", "a - b"))
+    uncaught = make_patch(repo, "comment", SOURCE + "# harmless\n")
+    zoo = write_entries(repo, [entry("subtracts", caught), entry("comment", uncaught)])
+    outcomes, baseline = run_zoo(repo, zoo, workers=0, budget=60, log=lambda _: None)
+    assert baseline.caught and baseline.verdict == "passes"
+    assert [(o.id, o.caught) for o in outcomes] == [("subtracts", True), ("comment", False)]
+    assert outcomes[1].verdict.startswith("NOT CAUGHT")
+    assert (repo / "calc.py").read_text() == SOURCE, "the runner touched the repository"
+    table = markdown_table(load_entries(zoo / "entries.yaml"), outcomes)
+    assert "| `comment`: comment planted | this test | the tiny repository |" in table
+    assert "NOT CAUGHT" in table
+
+
+def test_an_uncaught_patch_fails_the_zoo(repo: Path, capsys: pytest.CaptureFixture) -> None:
+    uncaught = make_patch(repo, "comment", SOURCE + "# harmless\n")
+    zoo = write_entries(repo, [entry("comment", uncaught)])
+    assert main(["--root", str(repo), "--zoo", str(zoo), "-n", "0"]) == 1
+    assert "FAILED comment: NOT CAUGHT" in capsys.readouterr().err
+
+
+def test_a_caught_patch_passes_the_zoo(repo: Path) -> None:
+    caught = make_patch(repo, "subtracts", SOURCE.replace("a + b", "a - b"))
+    zoo = write_entries(repo, [entry("subtracts", caught)])
+    assert main(["--root", str(repo), "--zoo", str(zoo), "-n", "0"]) == 0
+
+
+def test_a_patch_that_does_not_apply_fails(repo: Path) -> None:
+    patch = make_patch(repo, "stale", SOURCE.replace("a + b", "a - b"))
+    (repo / "calc.py").write_text("def add(a, b):\n    return b + a\n")  # the code moved on
+    zoo = write_entries(repo, [entry("stale", patch)])
+    outcomes, _ = run_zoo(repo, zoo, workers=0, budget=60, log=lambda _: None)
+    assert not outcomes[0].caught
+    assert outcomes[0].verdict.startswith("the patch does not apply")
+
+
+def test_a_failing_baseline_fails_the_zoo(repo: Path, capsys: pytest.CaptureFixture) -> None:
+    patch = make_patch(repo, "subtracts", SOURCE.replace("a + b", "a - b"))
+    (repo / "test_calc.py").write_text(TEST.replace("== 5", "== 6"))
+    zoo = write_entries(repo, [entry("subtracts", patch)])
+    assert main(["--root", str(repo), "--zoo", str(zoo), "-n", "0"]) == 1
+    assert "FAILED baseline: FAILS unpatched" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"kind": "guess"}, "kind must be one of"),
+        ({"patch": "patches/missing.diff"}, "no patch file patches/missing.diff"),
+        ({"tests": "test_calc.py"}, "tests must be a list"),
+        ({"bug": ""}, "missing ['bug']"),
+    ],
+    ids=["kind", "patch", "tests", "missing-field"],
+)
+def test_bad_entries_name_the_problem(repo: Path, change: dict, message: str) -> None:
+    patch = make_patch(repo, "subtracts", SOURCE.replace("a + b", "a - b"))
+    zoo = write_entries(repo, [{**entry("subtracts", patch), **change}])
+    with pytest.raises(ZooError, match="entry 1") as raised:
+        load_entries(zoo / "entries.yaml")
+    assert message in str(raised.value)
+    assert main(["--root", str(repo), "--zoo", str(zoo)]) == 2
