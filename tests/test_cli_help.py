@@ -10,6 +10,7 @@ unlike wall time, barely moves when other jobs load the machine).
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -106,3 +107,23 @@ def test_answers_without_torch_transformers_or_triton(argv: tuple[str, ...]) -> 
     assert report["code"] in (0, 2), completed.stderr
     assert report["heavy"] == [], f"{' '.join(argv)} imported {report['heavy']}"
     assert report["cpu_s"] < MAX_CPU_SECONDS, report
+
+
+def _session_docstrings() -> list:
+    sessions = []
+    for path in (REPO_ROOT / "noxfile.py", REPO_ROOT / "noxfile_vllm.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any(
+                "nox.session" in ast.unparse(decorator) for decorator in node.decorator_list
+            ):
+                sessions.append(
+                    pytest.param(node.name, ast.get_docstring(node) or "", id=node.name)
+                )
+    return sessions
+
+
+@pytest.mark.parametrize(("name", "doc"), _session_docstrings())
+def test_nox_session_summary_is_one_whole_sentence(name: str, doc: str) -> None:
+    """``nox -l`` shows a docstring's first line: it must be the whole summary."""
+    first_line = doc.splitlines()[0] if doc else ""
+    assert first_line.endswith("."), f"session {name}: first docstring line {first_line!r}"
