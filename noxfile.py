@@ -73,6 +73,19 @@ def _run_suites_with_report(
             session.log(f"report: {(out / 'report.html').resolve()}")
 
 
+@nox.session(venv_backend="none", default=False)
+def dev(session: nox.Session) -> None:
+    """A .venv for everyday commands: the project with its test extras and the CPU torch.
+
+    Then `source .venv/bin/activate` and run pytest or `python -m reference_engine`
+    directly (the nox virtualenvs are rebuilt per session and not meant for that)."""
+    session.run(sys.executable, "-m", "venv", ".venv", external=True)
+    python = str(Path(".venv") / "bin" / "python")
+    session.run(python, "-m", "pip", "install", "-q", CPU_TORCH, external=True)
+    session.run(python, "-m", "pip", "install", "-q", "-e", ".[test]", external=True)
+    session.log("ready: source .venv/bin/activate")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The project's whole test suite on the CPU (suites and harness tests)."""
@@ -99,8 +112,9 @@ def conformance(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", default=False)
 def gpu_tests(session: nox.Session) -> None:
-    """Every suite on CUDA in the ambient (prepared, offline) environment, bf16 and
-    FlashInfer included, with the run record and the HTML report."""
+    """Every suite on CUDA in the current (prepared, offline) interpreter, with the report.
+
+    bf16 and FlashInfer included; the run record and the HTML report go to out/gpu."""
     session.run(
         "python",
         "-c",
@@ -120,6 +134,7 @@ def gpu_tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff, ruff format --check and the import contracts (lint-imports) over the repository."""
     session.install("ruff", "import-linter")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
@@ -128,8 +143,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def ci(session: nox.Session) -> None:
-    """CI harness gate on this repository: strict YAML lint, the dependency-gap
-    check, and the selection for a base ref (`nox -s ci -- BASE`, default origin/main)."""
+    """CI harness gate on this repository: YAML lint, dependency gaps, the selection.
+
+    Strict YAML lint, the dependency-gap check, and the selection for a base ref
+    (`nox -s ci -- BASE`, default origin/main)."""
     session.install("pyyaml", "jsonschema", "buildkite-sdk", "pytest>=8.4")
     base = session.posargs[0] if session.posargs else "origin/main"
     session.run("python", "-m", "ci", "lint", "--strict")
@@ -139,8 +156,10 @@ def ci(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bugzoo(session: nox.Session) -> None:
-    """Plant every bug of the zoo (bugzoo/entries.yaml) in a scratch copy and run the tests
-    it names: fails unless the unpatched tree passes them and every patch is caught."""
+    """The bug zoo: every cited bug (bugzoo/entries.yaml) planted in a scratch copy, each caught.
+
+    Fails unless the unpatched tree passes the tests an entry names and every patch makes
+    one of them fail."""
     _install_project(session)
     session.run(
         "python",

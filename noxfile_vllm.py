@@ -47,8 +47,9 @@ OUT = Path("out") / "vllm"
 @nox.session(default=False, venv_params=["--system-site-packages"])
 @nox.parametrize("vllm", VLLM_VERSIONS)
 def vllm_conformance(session: nox.Session, vllm: str) -> None:
-    """The grouping suite with ``--engine vllm`` for one vLLM version, its
-    run record and verdicts, then the verdict table of every version run."""
+    """The grouping suite with ``--engine vllm`` against one vLLM version.
+
+    Writes its run record and verdicts, then the verdict table of every version run."""
     session.install(CPU_TORCH)
     session.install("--no-deps", f"vllm=={vllm}")
     session.install(*LIGHT_PACKAGES)

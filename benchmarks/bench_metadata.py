@@ -17,20 +17,19 @@ from the scheduler's block ids before it builds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from benchmarks.cli import argument_parser
+from reference_engine.model_pairs import MODEL_PAIRS
 
-from benchmarks.run_record import RecordWriter
-from kernels.metadata import cdiv
-from reference_engine.forward_metadata import ForwardMetadataBuilder
-from reports.atomic import write_text_atomic
+if TYPE_CHECKING:  # torch and the engine load after the arguments are parsed
+    import torch
 
 BLOCK_SIZE = 16
 
@@ -39,6 +38,11 @@ def build_step_timer(
     pair_name: str, batch: int, context_len: int, query_len: int, device: torch.device
 ):
     """A function that builds one step's metadata for every group, and the builder count."""
+    import torch
+
+    from kernels.metadata import cdiv
+    from reference_engine.forward_metadata import ForwardMetadataBuilder
+
     metadata = ForwardMetadataBuilder.for_pair(
         pair_name,
         device,
@@ -64,20 +68,25 @@ def build_step_timer(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--pair", default="gemma4-e2b-mtp")
+    parser = argument_parser("benchmarks.bench_metadata", __doc__)
+    parser.add_argument("--pair", choices=sorted(MODEL_PAIRS), default="gemma4-e2b-mtp")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--context-len", type=int, default=8192)
     parser.add_argument("--query-len", type=int, default=4, help="k+1 (verify)")
     parser.add_argument("--runs", type=int, default=50)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--json", type=Path, help="write the metric list to this JSON file")
     parser.add_argument("--record", type=Path, help="write a run record to this JSON file")
     args = parser.parse_args(argv)
     if args.runs < 2 or args.batch < 1:
         print("error: --runs must be >= 2 and --batch >= 1", file=sys.stderr)
         return 2
-    device = torch.device(args.device)
+    import torch
+
+    from benchmarks.run_record import RecordWriter
+    from reports.atomic import write_text_atomic
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     record = None
     if args.record is not None:
         record = RecordWriter(args.record, "benchmarks/bench_metadata.py", device)

@@ -49,13 +49,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from benchmarks.cli import argument_parser
 from benchmarks.metrics import Metric, write_metrics
-from reference_engine.generate_cli import DTYPES
+from reference_engine.generate_cli import DTYPES, torch_dtype
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
+
+if TYPE_CHECKING:  # torch loads after the arguments are parsed, so --help answers at once
+    import torch
 
 BACKENDS = ("triton", "flashinfer", "torch")
 MIN_STEPS = 20
@@ -114,9 +116,7 @@ def positive(text: str) -> int:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_spec_decode", description=__doc__.split("\n\n")[0]
-    )
+    parser = argument_parser("benchmarks.bench_spec_decode", __doc__.split("\n\n")[0])
     parser.add_argument("--pair", choices=sorted(MODEL_PAIRS), default="gemma4-e2b-mtp")
     parser.add_argument(
         "--backend", choices=BACKENDS, default=None, help="default: triton on CUDA, torch on CPU"
@@ -149,6 +149,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             f"--steps must be at least {MIN_STEPS} for a measurement, got {args.steps} "
             "(--smoke allows fewer for a functional check)"
         )
+    import torch
+
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -172,6 +174,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def build_engine(args: argparse.Namespace) -> Any:
     """The engine with the batch added (its prompts not yet run)."""
     # Imported here: the engine pulls in triton, after main set the interpreter flag.
+    import torch
+
     from reference_engine.llm_engine import EngineConfig, LLMEngine
     from reference_engine.request import SamplingParams
 
@@ -182,7 +186,7 @@ def build_engine(args: argparse.Namespace) -> Any:
             pair=args.pair,
             backend=args.backend,
             device=args.device,
-            dtype=DTYPES[args.dtype],
+            dtype=torch_dtype(args.dtype),
             block_size=BLOCK_SIZE,
             num_blocks=num_blocks_for(args, max_tokens),
             num_spec_tokens=k,
@@ -212,6 +216,8 @@ def reach_steady_state(engine: Any, batch: int, k: int) -> None:
 
 
 def synchronize(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -247,6 +253,8 @@ def timed_step(engine: Any, batch: int, k: int, device: torch.device) -> StepSam
 
 def time_steps(engine: Any, args: argparse.Namespace) -> list[StepSample]:
     """Fill the batch, warm up, then time ``args.steps`` steps."""
+    import torch
+
     device = torch.device(args.device)
     k = args.num_spec_tokens
     reach_steady_state(engine, args.batch, k)
@@ -296,6 +304,8 @@ def print_summary(args: argparse.Namespace, metrics: Sequence[Metric]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    import torch
+
     if torch.device(args.device).type == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the KV write is a Triton kernel
     try:

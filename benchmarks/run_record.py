@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
+from benchmarks.cli import argument_parser
 from reports.environment import collect_environment, cpu_name
 from reports.record import Metric, RecordError, RunRecord, Scalar, TestResult, read_json_file
 from reports.record import write_record as write_record_file
@@ -293,9 +294,7 @@ def _timestamp(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.run_record", description=__doc__.split("\n")[0]
-    )
+    parser = argument_parser("benchmarks.run_record", __doc__.split("\n\n")[0])
     parser.add_argument("metrics", type=Path, help="metric list JSON (a benchmark's --json)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="run record to write")
     parser.add_argument(

@@ -17,19 +17,15 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from benchmarks.cli import argument_parser
 
-from benchmarks.bench_attention import SHAPES, Case, KVCache, cases, step_metadata
-from benchmarks.timing import l2_flush_buffer, time_cuda
-from kernels.triton_unified_attention import (
-    DEFAULT_NUM_SEGMENTS,
-    LaunchConfig,
-    SplitKVScratch,
-    choose_launch_config,
-    select_path,
-    unified_attention,
-)
+if TYPE_CHECKING:  # torch, triton and the kernels load after the arguments are parsed
+    import torch
+
+    from benchmarks.bench_attention import Case
+    from kernels.triton_unified_attention import LaunchConfig
 
 
 @dataclass(frozen=True)
@@ -45,6 +41,19 @@ class SweepSpace:
 
 
 def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> list[dict]:
+    import torch
+
+    from benchmarks.bench_attention import KVCache, step_metadata
+    from benchmarks.timing import l2_flush_buffer, time_cuda
+    from kernels.triton_unified_attention import (
+        DEFAULT_NUM_SEGMENTS,
+        LaunchConfig,
+        SplitKVScratch,
+        choose_launch_config,
+        select_path,
+        unified_attention,
+    )
+
     cache = KVCache.random(case, device)
     common = step_metadata(case, cache.block_table, device)
     query = torch.randn(
@@ -143,8 +152,10 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser = argument_parser("benchmarks.tune_attention", __doc__)
+    parser.add_argument(
+        "--shapes", default=None, help="comma-separated (default: every benchmark shape)"
+    )
     parser.add_argument("--modes", default="decode,verify,draft")
     parser.add_argument("--contexts", default="b64x8k")
     parser.add_argument("--runs", type=int, default=10)
@@ -155,14 +166,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.add_argument(flag, type=int_list, default=getattr(defaults, field.name))
     args = parser.parse_args(argv)
     space = SweepSpace(**{field.name: getattr(args, field.name) for field in fields(SweepSpace)})
+    import torch
+
     if not torch.cuda.is_available():
         print("error: the sweep needs a CUDA device", file=sys.stderr)
         return 2
+    from benchmarks.bench_attention import SHAPES, cases
+
+    shape_names = args.shapes.split(",") if args.shapes else list(SHAPES)
     device = torch.device("cuda")
     modes = set(args.modes.split(","))
     report = {}
-    for case in cases(quick=True, tiny=False, shape_names=args.shapes.split(",")) + cases(
-        quick=False, tiny=False, shape_names=args.shapes.split(",")
+    for case in cases(quick=True, tiny=False, shape_names=shape_names) + cases(
+        quick=False, tiny=False, shape_names=shape_names
     ):
         if (
             case.mode not in modes

@@ -273,6 +273,12 @@ def command_lint(args: argparse.Namespace) -> int:
     return 0
 
 
+EXIT_STATUS = (
+    "exit status: 0 ok; 1 the check found a problem (lint errors, missing dependencies); "
+    "2 bad input or environment (a missing or invalid file, an unknown git ref)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ci", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -328,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     common(lint)
     lint.add_argument("--strict", action="store_true", help="warnings are errors")
     lint.set_defaults(handler=command_lint)
+    for command in (parser, *commands.choices.values()):
+        command.epilog = EXIT_STATUS
     return parser
 
 

@@ -7,10 +7,12 @@ registry never imports a backend's heavy dependencies (FlashInfer, Triton).
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the names below load without torch, for the command lines
+    import torch
 
-from kernels.backend import AttentionBackend
+    from kernels.backend import AttentionBackend
 
 BACKEND_PATHS: dict[str, str] = {
     "torch": "kernels.backends.torch_ref.TorchReferenceBackend",
@@ -18,6 +20,8 @@ BACKEND_PATHS: dict[str, str] = {
     "flashinfer": "kernels.backends.flashinfer_attn.FlashInferBackend",
     "mamba": "kernels.backends.mamba_state.MambaStateBackend",
 }
+STATE_BACKENDS = frozenset({"mamba"})  # they serve state layers, never attention layers
+ATTENTION_BACKENDS = tuple(sorted(set(BACKEND_PATHS) - STATE_BACKENDS))
 
 
 class UnknownBackendError(KeyError):
@@ -25,6 +29,25 @@ class UnknownBackendError(KeyError):
         return (
             f"unknown attention backend {self.args[0]!r}; known: {', '.join(sorted(BACKEND_PATHS))}"
         )
+
+
+class NotAnAttentionBackendError(ValueError):
+    """A state backend named for attention layers."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"backend {name!r} serves state layers, not attention layers; "
+            f"attention backends: {', '.join(ATTENTION_BACKENDS)}"
+        )
+
+
+def check_attention_backend(name: str) -> str:
+    """``name`` if it is a registered attention backend; raises otherwise."""
+    if name in STATE_BACKENDS:
+        raise NotAnAttentionBackendError(name)
+    if name not in BACKEND_PATHS:
+        raise UnknownBackendError(name)
+    return name
 
 
 def get_backend(name: str) -> type[AttentionBackend]:

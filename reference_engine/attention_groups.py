@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from kernels.backend import (
     get_num_attention_heads_from_layers,
 )
 from kernels.registry import get_backend
+from reference_engine.grouping_policy import GroupingPolicy
 from reference_engine.kv_cache_spec import KVCacheGroupSpec, KVCacheSpec
 from reference_engine.layers import LayerDescription
 
@@ -35,11 +35,6 @@ __all__ = [
     "get_num_attention_heads_from_layers",
     "group_attention_layers",
 ]
-
-
-class GroupingPolicy(StrEnum):
-    SPLIT_BY_Q_HEADS = "split"
-    LEGACY = "legacy"
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,15 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from reference_engine.attention_groups import GroupingPolicy
+from reference_engine.grouping_policy import GroupingPolicy
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+if TYPE_CHECKING:  # torch loads when a run starts, so --help and bad arguments answer at once
+    import torch
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # -> torch attribute
 PROGRESS_WIDTH = 30
 
 
@@ -68,7 +69,39 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+class DeviceError(ValueError):
+    """The requested device does not exist here."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a ``--dtype`` choice (``fp32``, ``bf16``, ``fp16``)."""
+    import torch
+
+    return getattr(torch, DTYPES[name])
+
+
+def _device(requested: str | None) -> torch.device:
+    """The device to run on; a name torch does not know, or CUDA on a build or
+    machine without it, raises ``DeviceError``."""
+    import torch
+
+    if requested is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(requested)
+    except RuntimeError:
+        raise DeviceError(f"unknown device {requested!r}; try cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(
+            f"--device {requested}: this torch ({torch.__version__}) sees no CUDA device; "
+            "leave --device out to run on the CPU"
+        )
+    return device
+
+
 def _prompts(vocab_size: int, batch: int, prompt_len: int, seed: int) -> list[list[int]]:
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (batch, prompt_len), generator=generator).tolist()
 
@@ -135,7 +168,11 @@ def run(args: argparse.Namespace) -> int:
     if args.temperature < 0:
         print(f"error: --temperature must be >= 0, got {args.temperature}", file=sys.stderr)
         return 2
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = str(_device(args.device))
+    except DeviceError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the KV write is a Triton kernel
     # Imported here: the engine pulls in the models and triton, after the line above.
@@ -147,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         pair=args.pair,
         backend=args.backend,
         device=device,
-        dtype=DTYPES[args.dtype],
+        dtype=torch_dtype(args.dtype),
         policy=args.policy,
         num_blocks=args.num_blocks,
         num_spec_tokens=args.num_spec_tokens,

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from reference_engine.attention_groups import GroupingPolicy
-from reference_engine.grouping_plan import GroupingPlan, plan_grouping
+from kernels.registry import ATTENTION_BACKENDS
+from reference_engine.grouping_policy import GroupingPolicy
 from reference_engine.model_pairs import ModelPair, get_model_pair
+
+if TYPE_CHECKING:  # grouping loads torch and the backends: imported when a command runs
+    from reference_engine.grouping_plan import GroupingPlan
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +24,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("pair", help="model pair name (see `python -m reference_engine pairs`)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (per-rank heads)")
     parser.add_argument("--policy", choices=[p.value for p in GroupingPolicy], default="split")
-    parser.add_argument("--backend", default=None, help="attention backend (default: the pair's)")
+    parser.add_argument(
+        "--backend",
+        choices=ATTENTION_BACKENDS,
+        default=None,
+        help="attention backend (default: the pair's)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
 
@@ -98,6 +107,8 @@ def format_table(pair: ModelPair, tp: int, policy: str, plan: GroupingPlan) -> s
 
 def run(args: argparse.Namespace) -> int:
     pair = get_model_pair(args.pair)
+    from reference_engine.grouping_plan import plan_grouping
+
     plan = plan_grouping(pair.layers(args.tp, args.backend), args.policy)
     if args.json:
         print(json.dumps(plan_as_dict(pair, args.tp, args.policy, plan), indent=2))

@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
-import torch
+if TYPE_CHECKING:  # dtypes arrive as values; the module itself loads without torch
+    import torch
 
 
 class SpecMergeError(ValueError):

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-import torch
-
-from kernels.backend import AttentionLayerParams
 from reference_engine.kv_cache_spec import (
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
     SlidingWindowSpec,
 )
+
+if TYPE_CHECKING:  # kept out of the import so that CLIs answer without loading torch
+    import torch
+
+    from kernels.backend import AttentionLayerParams
 
 
 class Role(StrEnum):
@@ -99,6 +102,8 @@ class LayerDescription:
         """The layer as its attention backend sees it."""
         if not self.is_attention:
             raise ValueError(f"layer {self.name} is a {self.kind} layer, not attention")
+        from kernels.backend import AttentionLayerParams
+
         return AttentionLayerParams(
             name=self.name,
             num_heads_q=self.num_heads_q,

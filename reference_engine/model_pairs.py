@@ -15,17 +15,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from transformers import (
-    Gemma4AssistantConfig,
-    Gemma4TextConfig,
-    LlamaConfig,
-    PretrainedConfig,
-    Qwen3Config,
-    Qwen3NextConfig,
-)
-
+from kernels.registry import check_attention_backend
 from reference_engine.layers import LayerDescription, LayerKind, Role, heads_per_rank
+
+if TYPE_CHECKING:  # transformers (and torch under it) load when a config is first made
+    from transformers import (
+        Gemma4AssistantConfig,
+        Gemma4TextConfig,
+        LlamaConfig,
+        PretrainedConfig,
+        Qwen3Config,
+        Qwen3NextConfig,
+    )
 
 TINY_VOCAB = 512
 TINY_WINDOW = 32
@@ -64,9 +67,13 @@ class ModelPair:
     default_backend: str = "triton"
 
     def layers(self, tp: int = 1, backend: str | None = None) -> list[LayerDescription]:
-        """Target layers then draft layers, on one rank of ``tp``."""
+        """Target layers then draft layers, on one rank of ``tp``; ``backend`` serves the
+        attention layers, so a state backend or an unknown name raises."""
         return self.describe_layers(
-            self.target_config(), self.draft_config(), tp, backend or self.default_backend
+            self.target_config(),
+            self.draft_config(),
+            tp,
+            check_attention_backend(backend or self.default_backend),
         )
 
     @property
@@ -270,6 +277,8 @@ def _gemma4_target(
     num_kv_heads: int, num_layers: int, num_shared: int
 ) -> Callable[[], Gemma4TextConfig]:
     def make() -> Gemma4TextConfig:
+        from transformers import Gemma4TextConfig
+
         pattern = ["sliding_attention"] * 4 + ["full_attention"]
         return Gemma4TextConfig(
             vocab_size=TINY_VOCAB,
@@ -292,6 +301,8 @@ def _gemma4_target(
 
 def _gemma4_assistant(num_kv_heads: int) -> Callable[[], Gemma4AssistantConfig]:
     def make() -> Gemma4AssistantConfig:
+        from transformers import Gemma4AssistantConfig
+
         return Gemma4AssistantConfig(
             text_config=dict(
                 vocab_size=TINY_VOCAB,
@@ -315,6 +326,8 @@ def _gemma4_assistant(num_kv_heads: int) -> Callable[[], Gemma4AssistantConfig]:
 
 def _llama(num_layers: int) -> Callable[[], LlamaConfig]:
     def make() -> LlamaConfig:
+        from transformers import LlamaConfig
+
         return LlamaConfig(
             vocab_size=TINY_VOCAB,
             hidden_size=256,
@@ -330,6 +343,8 @@ def _llama(num_layers: int) -> Callable[[], LlamaConfig]:
 
 def _qwen3(num_heads_q: int, num_layers: int) -> Callable[[], Qwen3Config]:
     def make() -> Qwen3Config:
+        from transformers import Qwen3Config
+
         return Qwen3Config(
             vocab_size=TINY_VOCAB,
             hidden_size=256,
@@ -345,6 +360,8 @@ def _qwen3(num_heads_q: int, num_layers: int) -> Callable[[], Qwen3Config]:
 
 def _qwen3_next(layer_types: list[str]) -> Callable[[], Qwen3NextConfig]:
     def make() -> Qwen3NextConfig:
+        from transformers import Qwen3NextConfig
+
         return Qwen3NextConfig(
             vocab_size=TINY_VOCAB,
             hidden_size=256,

@@ -105,6 +105,12 @@ def _add_common(parser: argparse.ArgumentParser, baseline_required: bool) -> Non
     )
 
 
+EXIT_STATUS = (
+    "exit status: 0 ok; 1 the check found a problem (compare: a regression); "
+    "2 bad input or environment (a missing or invalid record, an unwritable output)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m reports", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -126,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"archived runs to keep, oldest dropped first (default {DEFAULT_KEEP})",
     )
     archive.set_defaults(handler=_archive)
+    for command in (parser, *commands.choices.values()):
+        command.epilog = EXIT_STATUS
     return parser
 
 

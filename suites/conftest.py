@@ -18,6 +18,12 @@ if not torch.cuda.is_available():
     # Must be set before triton is imported anywhere.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    # One torch thread per xdist worker: the workers already fill the cores, and a pool
+    # per worker as wide as the machine oversubscribes them (a tiny model's step ran
+    # 4x slower on 2 cores with 2 workers). OMP_NUM_THREADS, when set, decides instead.
+    torch.set_num_threads(1)
+
 from suites.engines.base import EngineAdapter
 
 _ADAPTER_KEY = pytest.StashKey[EngineAdapter]()

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from reference_engine.__main__ import main
+from reference_engine.model_pairs import MODEL_PAIRS
 
 pytestmark = pytest.mark.grouping
 
@@ -85,5 +86,12 @@ def test_inspect_bad_input_exits_2_with_a_clear_error(argv, message):
 
 def test_pairs_lists_every_pair(capsys):
     assert main(["pairs"]) == 0
-    out = capsys.readouterr().out
-    assert "gemma4-e2b-mtp" in out and "mixed q heads" in out and "uniform" in out
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == list(MODEL_PAIRS)
+
+
+def test_pairs_details_show_the_head_mix_and_tp_sizes(capsys):
+    assert main(["pairs", "--details"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "mixed q heads  tp 1,2,4 " in lines["gemma4-e2b-mtp"]
+    assert "uniform" in lines["llama3-eagle"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kernels.registry import NotAnAttentionBackendError, UnknownBackendError
 from reference_engine.layers import TensorParallelError, heads_per_rank
 from reference_engine.model_pairs import MODEL_PAIRS, UnknownModelPairError, get_model_pair
 
@@ -141,3 +142,16 @@ def test_pair_refuses_unsupported_tp():
 def test_unknown_pair_lists_the_known_ones():
     with pytest.raises(UnknownModelPairError, match="known pairs: gemma4-e2b-mtp"):
         get_model_pair("gemma5")
+
+
+@pytest.mark.parametrize(
+    ("backend", "error", "match"),
+    [
+        ("mamba", NotAnAttentionBackendError, "'mamba' serves state layers, not attention layers"),
+        ("bogus", UnknownBackendError, "unknown attention backend 'bogus'"),
+    ],
+    ids=["state-backend", "unknown-backend"],
+)
+def test_attention_layers_refuse_a_backend_that_is_not_attention(backend, error, match):
+    with pytest.raises(error, match=match):
+        get_model_pair("qwen3-next-mtp").layers(1, backend)
