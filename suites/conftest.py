@@ -3,13 +3,15 @@
 ``--engine NAME`` picks the implementation the suites judge through the
 adapter seam (``suites/engines/NAME_adapter.py``); ``--device`` the device
 kernels and the engine run on (CUDA when present, else the CPU, where Triton
-kernels run under its interpreter).
+kernels run under its interpreter); ``--pairs FILE`` (or ``$AGC_PAIRS``) adds
+the model pairs of a pairs file to every suite.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,12 @@ if not torch.cuda.is_available():
     # Must be set before triton is imported anywhere.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from reference_engine.pairs_file import (
+    PAIRS_ENV,
+    PairsFileError,
+    pairs_file_from_env,
+    register_pairs_file,
+)
 from suites.engines.base import EngineAdapter
 
 _ADAPTER_KEY = pytest.StashKey[EngineAdapter]()
@@ -35,6 +43,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="device for kernels and the engine (default: cuda when available, else cpu)",
     )
+    group.addoption(
+        "--pairs",
+        default=pairs_file_from_env(),
+        metavar="FILE",
+        help=f"a pairs file (YAML) whose model pairs join every suite's parametrization "
+        f"(default: ${PAIRS_ENV})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the pairs file's pairs before the suites' modules list their pairs."""
+    path = config.getoption("pairs")
+    if path is not None:
+        try:
+            register_pairs_file(Path(path))
+        except PairsFileError as error:
+            raise pytest.UsageError(f"--pairs: {error}") from None
+        os.environ[PAIRS_ENV] = str(Path(path).resolve())  # subprocesses the suites start
 
 
 def _make_adapter(config: pytest.Config) -> EngineAdapter:
