@@ -21,6 +21,7 @@ import torch
 
 from reference_engine.attention_groups import GroupingPolicy
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
+from reference_engine.pair_options import add_pair_options, pair_name_from_args
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PROGRESS_WIDTH = 30
@@ -44,7 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="run a pair with speculative decoding and print a speed/acceptance summary"
     )
-    parser.add_argument("pair", choices=sorted(MODEL_PAIRS), metavar="PAIR", help="model pair name")
+    parser.add_argument(
+        "pair", nargs="?", metavar="PAIR", help=f"model pair name ({', '.join(MODEL_PAIRS)}, ...)"
+    )
+    add_pair_options(parser)
     parser.add_argument("--backend", choices=["triton", "flashinfer", "torch"], default="torch")
     parser.add_argument(
         "--num-spec-tokens", type=_spec_tokens, default=3, help="k drafts per step (0..8)"
@@ -140,11 +144,17 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the KV write is a Triton kernel
     # Imported here: the engine pulls in the models and triton, after the line above.
     from reference_engine.llm_engine import EngineConfig, LLMEngine
+    from reference_engine.pair_configs import PairConfigError
     from reference_engine.request import SamplingParams
 
-    pair = get_model_pair(args.pair)
+    try:
+        name = pair_name_from_args(args)
+    except PairConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    pair = get_model_pair(name)
     config = EngineConfig(
-        pair=args.pair,
+        pair=name,
         backend=args.backend,
         device=device,
         dtype=DTYPES[args.dtype],

@@ -29,8 +29,6 @@ from reference_engine.model_pairs import (
     SpecMethod,
     layer_describer,
 )
-from reference_engine.models.common import ACTIVATIONS
-from reference_engine.models.llama import SUPPORTED_ROPE_TYPES
 
 TINY_HIDDEN = 256
 TINY_ASSISTANT_HIDDEN = 128
@@ -134,6 +132,10 @@ def _text_config(file: ConfigFile) -> PretrainedConfig:
 
 def check_supported(file: ConfigFile, family: str) -> None:
     """Refuse fields whose behaviour the engine lacks, naming the field."""
+    # Imported here: the models package pulls in every family (seconds).
+    from reference_engine.models.common import ACTIVATIONS
+    from reference_engine.models.llama import SUPPORTED_ROPE_TYPES
+
     config = _text_config(file)
     act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
     if act not in ACTIVATIONS:

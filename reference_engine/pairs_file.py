@@ -26,15 +26,15 @@ from pathlib import Path
 
 import yaml
 
-from reference_engine.model_pairs import MODEL_PAIRS, ModelPair, register_pairs
+from reference_engine.model_pairs import BUILTIN_PAIR_NAMES, ModelPair, register_pairs
 from reference_engine.pair_configs import PairConfigError, pair_from_configs
+from reference_engine.pair_options import PAIRS_ENV
 
-PAIRS_ENV = "AGC_PAIRS"
 REQUIRED_KEYS = ("name", "target", "draft", "method")
 OPTIONAL_KEYS = ("draft_kv", "description", "backend")
 
 
-class PairsFileError(ValueError):
+class PairsFileError(PairConfigError):
     """A pairs file that cannot be used as written."""
 
 
@@ -67,7 +67,7 @@ def _pair_of(path: Path, index: int, entry: object, seen: set[str]) -> ModelPair
             f"{where}.{unknown[0]}: unknown field (known: {REQUIRED_KEYS + OPTIONAL_KEYS})"
         )
     name = entry["name"]
-    if name in seen or name in MODEL_PAIRS:
+    if name in seen or name in BUILTIN_PAIR_NAMES:
         raise PairsFileError(f"{where}.name: {name!r} is already defined")
     paths = {key: (path.parent / entry[key]).resolve() for key in ("target", "draft")}
     for key, config_path in paths.items():
@@ -87,11 +87,21 @@ def _pair_of(path: Path, index: int, entry: object, seen: set[str]) -> ModelPair
         raise PairsFileError(f"{where}: {error}") from None
 
 
+_REGISTERED: dict[Path, list[ModelPair]] = {}
+
+
 def register_pairs_file(path: Path) -> list[ModelPair]:
-    """Load ``path`` and add its pairs to ``MODEL_PAIRS`` (once per process)."""
-    pairs = load_pairs_file(path)
-    register_pairs(pairs)
-    return pairs
+    """Load ``path`` and add its pairs to ``MODEL_PAIRS`` (once per process and file;
+    a name another file already registered is an error)."""
+    key = Path(path).resolve()
+    if key not in _REGISTERED:
+        pairs = load_pairs_file(path)
+        try:
+            register_pairs(pairs)
+        except ValueError as error:
+            raise PairsFileError(f"{path}: {error}") from None
+        _REGISTERED[key] = pairs
+    return _REGISTERED[key]
 
 
 def pairs_file_from_env() -> Path | None:
