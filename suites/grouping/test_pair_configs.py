@@ -241,3 +241,18 @@ def test_config_transformers_cannot_read(tmp_path):
     with pytest.raises(PairsFileError) as error:
         load_pairs_file(path)
     assert str(draft) in str(error.value) and "transformers cannot read it" in str(error.value)
+
+
+def test_qwen3_next_from_configs_keeps_state_and_attention_layers(tmp_path):
+    """Linear-attention (state) layers come from ``layer_types`` like attention layers."""
+    from reference_engine.model_pairs import get_model_pair
+
+    registered = get_model_pair("qwen3-next-mtp")
+    paths = []
+    for role, config in (("t", registered.target_config()), ("d", registered.draft_config())):
+        paths.append(_write(tmp_path / role / "config.json", json.loads(config.to_json_string())))
+    pair = pair_from_configs("qn", *paths, "mtp")
+    assert _signatures(pair.layers()) == _signatures(registered.layers())
+    assert [layer.kind for layer in pair.layers()] == [
+        layer.kind for layer in registered.layers()[4:]
+    ]
