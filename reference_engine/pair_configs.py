@@ -192,6 +192,11 @@ def tiny_layer_types(types: list[str], num_shared: int, role: str) -> tuple[list
         own = period * max(1, TINY_PATTERN_LAYERS // period)
         shared = min(num_shared, period)
         return [types[i % period] for i in range(own + shared)], shared
+    if num_shared:
+        raise ValueError(
+            "num_kv_shared_layers: KV sharing over a non-periodic layer_types pattern "
+            "cannot be scaled down faithfully"
+        )
     runs: list[str] = []
     for index, layer_type in enumerate(types):
         run_start = index == 0 or types[index - 1] != layer_type
@@ -243,7 +248,10 @@ def _scale_text(
     scaler.cap("sliding_window", TINY_WINDOW)
     num_shared = fields.get("num_kv_shared_layers", 0) or 0
     real_types = _layer_types_of(config)
-    types, shared = tiny_layer_types(real_types, num_shared, role)
+    try:
+        types, shared = tiny_layer_types(real_types, num_shared, role)
+    except ValueError as error:
+        raise PairConfigError(f"{scaler.model} config: {error}") from None
     scaler.set("num_hidden_layers", len(types))
     if getattr(config, "layer_types", None) is not None:
         fields["layer_types"] = types

@@ -136,6 +136,11 @@ def test_tiny_layer_types(types, shared, role, expected):
     assert tiny_layer_types(types, shared, role) == expected
 
 
+def test_kv_sharing_over_an_irregular_pattern_is_refused():
+    with pytest.raises(ValueError, match="num_kv_shared_layers"):
+        tiny_layer_types([S] * 4 + [F] + [S] * 3 + [F, F], 4, "target")
+
+
 def _write(path: Path, config: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config))
