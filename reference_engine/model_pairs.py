@@ -41,6 +41,8 @@ class SpecMethod(StrEnum):
 #: Families whose decoders are the engine's dense Llama-style model.
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SLIDING, FULL = "sliding_attention", "full_attention"
+#: RoPE variants the dense models implement
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 
 class UnknownModelPairError(KeyError):

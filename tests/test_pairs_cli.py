@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +91,32 @@ def test_generate_runs_a_pair_from_a_pairs_file(capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["pair"] == "mistral-window8-draft"
     assert summary["generated_tokens"] == 3
+
+
+def _collect(env_pairs: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Collect one suite module in a fresh pytest with ``AGC_PAIRS`` set (its run
+    record goes to ``tmp_path``, not over this run's)."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider"),
+            *("--run-record", str(tmp_path / "record.json")),
+            *("suites/grouping/test_model_pairs.py", "-k", "tiny"),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "AGC_PAIRS": env_pairs},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_agc_pairs_adds_the_file_pairs_to_the_suites(tmp_path):
+    result = _collect(REGRESSION_PAIRS, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "test_pairs_are_tiny[mistral-window8-draft]" in result.stdout
+
+
+def test_agc_pairs_with_a_bad_file_is_a_usage_error(tmp_path):
+    result = _collect("no/such.yaml", tmp_path)
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "--pairs: no/such.yaml: no such pairs file" in result.stderr

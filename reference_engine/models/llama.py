@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from reference_engine.model_pairs import SUPPORTED_ROPE_TYPES
 from reference_engine.models.common import (
     AttentionProjections,
     ForwardContext,
@@ -31,9 +32,6 @@ def head_dim_of(config: PretrainedConfig) -> int:
 
 def rope_theta_of(config: PretrainedConfig) -> float:
     return config.rope_parameters["rope_theta"]
-
-
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 
 def rope_type_of(config: PretrainedConfig) -> str:

@@ -261,3 +261,10 @@ def test_qwen3_next_from_configs_keeps_state_and_attention_layers(tmp_path):
     assert [layer.kind for layer in pair.layers()] == [
         layer.kind for layer in registered.layers()[4:]
     ]
+
+
+def test_config_checks_know_the_engines_activations():
+    from reference_engine.models.common import ACTIVATIONS
+    from reference_engine.pair_configs import ENGINE_ACTIVATIONS
+
+    assert set(ENGINE_ACTIVATIONS) == set(ACTIVATIONS)
