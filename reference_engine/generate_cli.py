@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from reference_engine.attention_groups import GroupingPolicy
-from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
+from reference_engine.model_pairs import MODEL_PAIRS, UnknownModelPairError, get_model_pair
 from reference_engine.pair_options import add_pair_options, pair_name_from_args
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -69,7 +69,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--num-blocks", type=_positive, default=256, help="KV-cache blocks per group"
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, usage_error=parser.error)
 
 
 def _prompts(vocab_size: int, batch: int, prompt_len: int, seed: int) -> list[list[int]]:
@@ -149,10 +149,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         name = pair_name_from_args(args)
+        pair = get_model_pair(name)
     except PairConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    pair = get_model_pair(name)
+    except UnknownModelPairError as error:
+        args.usage_error(str(error))  # usage and exit 2, as a bad choice of PAIR
     config = EngineConfig(
         pair=name,
         backend=args.backend,
