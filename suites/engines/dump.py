@@ -63,8 +63,7 @@ def main(argv: list[str]) -> int:
         register_pairs_file(pairs_file)
     adapter = importlib.import_module(f"suites.engines.{engine}_adapter").make_adapter(None)
     text = all_outcomes_as_json(adapter)
-    Path(output).write_text(text + "
-", encoding="utf-8")
+    Path(output).write_text(text + "\n", encoding="utf-8")
     return 0
 
 
