@@ -18,7 +18,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from reference_engine.grouping_policy import GroupingPolicy
-from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
+from reference_engine.model_pairs import MODEL_PAIRS, UnknownModelPairError, get_model_pair
+from reference_engine.pair_options import add_pair_options, pair_name_from_args
 
 if TYPE_CHECKING:  # torch loads when a run starts, so --help and bad arguments answer at once
     import torch
@@ -45,7 +46,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate", help="run a pair with speculative decoding and print a speed/acceptance summary"
     )
-    parser.add_argument("pair", choices=sorted(MODEL_PAIRS), metavar="PAIR", help="model pair name")
+    parser.add_argument(
+        "pair", nargs="?", metavar="PAIR", help=f"model pair name ({', '.join(MODEL_PAIRS)}, ...)"
+    )
+    add_pair_options(parser)
     parser.add_argument("--backend", choices=["triton", "flashinfer", "torch"], default="torch")
     parser.add_argument(
         "--num-spec-tokens", type=_spec_tokens, default=3, help="k drafts per step (0..8)"
@@ -66,7 +70,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--num-blocks", type=_positive, default=256, help="KV-cache blocks per group"
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, usage_error=parser.error)
 
 
 class DeviceError(ValueError):
@@ -177,11 +181,19 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the KV write is a Triton kernel
     # Imported here: the engine pulls in the models and triton, after the line above.
     from reference_engine.llm_engine import EngineConfig, LLMEngine
+    from reference_engine.pair_configs import PairConfigError
     from reference_engine.request import SamplingParams
 
-    pair = get_model_pair(args.pair)
+    try:
+        name = pair_name_from_args(args)
+        pair = get_model_pair(name)
+    except PairConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except UnknownModelPairError as error:
+        args.usage_error(str(error))  # usage and exit 2, as a bad choice of PAIR
     config = EngineConfig(
-        pair=args.pair,
+        pair=name,
         backend=args.backend,
         device=device,
         dtype=torch_dtype(args.dtype),

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING
 
 from kernels.registry import ATTENTION_BACKENDS
 from reference_engine.grouping_policy import GroupingPolicy
 from reference_engine.model_pairs import ModelPair, get_model_pair
+from reference_engine.pair_options import add_pair_options, pair_name_from_args
 
 if TYPE_CHECKING:  # grouping loads torch and the backends: imported when a command runs
     from reference_engine.grouping_plan import GroupingPlan
@@ -21,7 +23,10 @@ if TYPE_CHECKING:  # grouping loads torch and the backends: imported when a comm
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("inspect", help="show a pair's KV-cache and attention groups")
-    parser.add_argument("pair", help="model pair name (see `python -m reference_engine pairs`)")
+    parser.add_argument(
+        "pair", nargs="?", help="model pair name (see `python -m reference_engine pairs`)"
+    )
+    add_pair_options(parser)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (per-rank heads)")
     parser.add_argument("--policy", choices=[p.value for p in GroupingPolicy], default="split")
     parser.add_argument(
@@ -35,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def plan_as_dict(pair: ModelPair, tp: int, policy: str, plan: GroupingPlan) -> dict:
-    return {
+    report = {
         "pair": pair.name,
         "tp": tp,
         "policy": policy,
@@ -57,6 +62,12 @@ def plan_as_dict(pair: ModelPair, tp: int, policy: str, plan: GroupingPlan) -> d
         ],
         "error": plan.error,
     }
+    if pair.scaling:  # a pair from real configs: what the tiny pair changed
+        report["scaling"] = [
+            {"model": model, "field": name, "real": real, "tiny": tiny}
+            for model, name, real, tiny in pair.scaling
+        ]
+    return report
 
 
 def _spec_line(spec: dict) -> str:
@@ -97,6 +108,12 @@ def format_table(pair: ModelPair, tp: int, policy: str, plan: GroupingPlan) -> s
                 tags = [roles.get(name, "target")] + (["kv-shared"] if name in shared else [])
                 lines.append(f"      {name:<44} {heads_of[name]:>3} q  [{', '.join(tags)}]")
         lines.append("")
+    if pair.scaling:
+        lines.append(
+            "scaled from the real configs (heads, head sizes, layer pattern, sharing kept):"
+        )
+        lines += [f"  {m:<6} {name:<28} {real} -> {tiny}" for m, name, real, tiny in pair.scaling]
+        lines.append("")
     lines.append(
         f"error: {plan.error}"
         if plan.error
@@ -106,9 +123,14 @@ def format_table(pair: ModelPair, tp: int, policy: str, plan: GroupingPlan) -> s
 
 
 def run(args: argparse.Namespace) -> int:
-    pair = get_model_pair(args.pair)
     from reference_engine.grouping_plan import plan_grouping
+    from reference_engine.pair_configs import PairConfigError
 
+    try:
+        pair = get_model_pair(pair_name_from_args(args))
+    except PairConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     plan = plan_grouping(pair.layers(args.tp, args.backend), args.policy)
     if args.json:
         print(json.dumps(plan_as_dict(pair, args.tp, args.policy, plan), indent=2))

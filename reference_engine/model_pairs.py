@@ -41,6 +41,13 @@ class SpecMethod(StrEnum):
     DRAFT_MODEL = "draft_model"
 
 
+#: Families whose decoders are the engine's dense Llama-style model.
+DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+SLIDING, FULL = "sliding_attention", "full_attention"
+#: RoPE variants the dense models implement
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
 class UnknownModelPairError(KeyError):
     def __str__(self) -> str:
         return f"unknown model pair {self.args[0]!r}; known pairs: {', '.join(MODEL_PAIRS)}"
@@ -65,6 +72,8 @@ class ModelPair:
         [PretrainedConfig, PretrainedConfig, int, str], list[LayerDescription]
     ] = field(repr=False)
     default_backend: str = "triton"
+    #: (model, field, real value, tiny value) for a pair scaled down from real configs
+    scaling: tuple[tuple[str, str, object, object], ...] = field(default=(), repr=False)
 
     def layers(self, tp: int = 1, backend: str | None = None) -> list[LayerDescription]:
         """Target layers then draft layers, on one rank of ``tp``; ``backend`` serves the
@@ -149,7 +158,7 @@ def _gemma4_head_dim(config: Gemma4TextConfig, index: int) -> int:
     return config.per_layer_config[index].head_dim
 
 
-def _gemma4_layers(target: Gemma4TextConfig, draft: Gemma4AssistantConfig, tp: int, backend: str):
+def gemma4_layers(target: Gemma4TextConfig, draft: Gemma4AssistantConfig, tp: int, backend: str):
     """Gemma 4 text target with KV-shared later layers, plus the assistant
     drafter whose Q-only layers read the target's cache.
 
@@ -200,12 +209,34 @@ def _gemma4_layers(target: Gemma4TextConfig, draft: Gemma4AssistantConfig, tp: i
     return layers
 
 
+def dense_sliding_windows(config: PretrainedConfig) -> list[int | None]:
+    """Each layer's window as transformers applies it: per ``layer_types``
+    (Qwen2 / Qwen3 derive them from ``use_sliding_window`` and
+    ``max_window_layers``), else ``sliding_window`` on every layer (Mistral)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        return [window] * config.num_hidden_layers
+    for index, layer_type in enumerate(layer_types):
+        if layer_type not in (SLIDING, FULL):
+            raise ValueError(
+                f"{type(config).__name__}: layer_types[{index}] = {layer_type!r} is not an "
+                f"attention type the engine implements ({SLIDING}, {FULL})"
+            )
+        if layer_type == SLIDING and window is None:
+            raise ValueError(
+                f"{type(config).__name__}: layer_types[{index}] is {SLIDING} but sliding_window is None"
+            )
+    return [window if layer_type == SLIDING else None for layer_type in layer_types]
+
+
 def _dense_layers(
     config: PretrainedConfig, role: Role, prefix: str, tp: int, backend: str
 ) -> list[LayerDescription]:
     head_size = (
         getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     )
+    windows = dense_sliding_windows(config)
     return [
         _attention_layer(
             f"{prefix}.layers.{index}.self_attn.attn",
@@ -216,12 +247,13 @@ def _dense_layers(
             head_size=head_size,
             tp=tp,
             sm_scale=head_size**-0.5,
+            sliding_window=windows[index],
         )
         for index in range(config.num_hidden_layers)
     ]
 
 
-def _dense_pair_layers(target: PretrainedConfig, draft: PretrainedConfig, tp: int, backend: str):
+def dense_pair_layers(target: PretrainedConfig, draft: PretrainedConfig, tp: int, backend: str):
     """A Llama / Qwen style target and a draft (EAGLE layer, MTP layer or a
     whole draft model) with their own KV-cache layers."""
     return _dense_layers(target, Role.TARGET, "model", tp, backend) + _dense_layers(
@@ -229,7 +261,7 @@ def _dense_pair_layers(target: PretrainedConfig, draft: PretrainedConfig, tp: in
     )
 
 
-def _qwen3_next_layers(target: Qwen3NextConfig, draft: Qwen3NextConfig, tp: int, backend: str):
+def qwen3_next_layers(target: Qwen3NextConfig, draft: Qwen3NextConfig, tp: int, backend: str):
     """Qwen3-Next: gated linear-attention (Mamba-like state) layers beside
     full-attention layers, and an MTP draft layer of full attention."""
     layers: list[LayerDescription] = []
@@ -393,7 +425,7 @@ _PAIRS = (
         spec_method=SpecMethod.MTP,
         target_config=_gemma4_target(num_kv_heads=1, num_layers=15, num_shared=5),
         draft_config=_gemma4_assistant(num_kv_heads=1),
-        describe_layers=_gemma4_layers,
+        describe_layers=gemma4_layers,
     ),
     ModelPair(
         name="gemma4-e4b-mtp",
@@ -402,7 +434,7 @@ _PAIRS = (
         spec_method=SpecMethod.MTP,
         target_config=_gemma4_target(num_kv_heads=2, num_layers=10, num_shared=4),
         draft_config=_gemma4_assistant(num_kv_heads=2),
-        describe_layers=_gemma4_layers,
+        describe_layers=gemma4_layers,
     ),
     ModelPair(
         name="llama3-eagle",
@@ -412,7 +444,7 @@ _PAIRS = (
         spec_method=SpecMethod.EAGLE,
         target_config=_llama(num_layers=4),
         draft_config=_llama(num_layers=1),
-        describe_layers=_dense_pair_layers,
+        describe_layers=dense_pair_layers,
         default_backend="flashinfer",
     ),
     ModelPair(
@@ -423,7 +455,7 @@ _PAIRS = (
         spec_method=SpecMethod.DRAFT_MODEL,
         target_config=_qwen3(num_heads_q=32, num_layers=4),
         draft_config=_qwen3(num_heads_q=16, num_layers=2),
-        describe_layers=_dense_pair_layers,
+        describe_layers=dense_pair_layers,
         default_backend="flashinfer",
     ),
     ModelPair(
@@ -434,7 +466,7 @@ _PAIRS = (
         spec_method=SpecMethod.MTP,
         target_config=_qwen3_next((["linear_attention"] * 3 + ["full_attention"]) * 2),
         draft_config=_qwen3_next(["full_attention"]),
-        describe_layers=_qwen3_next_layers,
+        describe_layers=qwen3_next_layers,
     ),
     ModelPair(
         name="qwen3-mtp",
@@ -444,11 +476,31 @@ _PAIRS = (
         spec_method=SpecMethod.MTP,
         target_config=_qwen3(num_heads_q=16, num_layers=4),
         draft_config=_qwen3(num_heads_q=16, num_layers=1),
-        describe_layers=_dense_pair_layers,
+        describe_layers=dense_pair_layers,
     ),
 )
 
 MODEL_PAIRS: dict[str, ModelPair] = {pair.name: pair for pair in _PAIRS}
+BUILTIN_PAIR_NAMES = tuple(MODEL_PAIRS)
+
+
+def layer_describer(family: str):
+    """The function that turns a family's (target, draft) configs into layer descriptions."""
+    if family == "gemma4":
+        return gemma4_layers
+    if family == "qwen3_next":
+        return qwen3_next_layers
+    if family in DENSE_FAMILIES:
+        return dense_pair_layers
+    raise ValueError(f"no layer description for family {family!r}")
+
+
+def register_pairs(pairs: list[ModelPair]) -> None:
+    """Add user pairs (a pairs file) beside the registered ones; names must be new."""
+    for pair in pairs:
+        if pair.name in MODEL_PAIRS and MODEL_PAIRS[pair.name] is not pair:
+            raise ValueError(f"model pair {pair.name!r} is already defined")
+        MODEL_PAIRS[pair.name] = pair
 
 
 def get_model_pair(name: str) -> ModelPair:

@@ -3,13 +3,15 @@
 ``--engine NAME`` picks the implementation the suites judge through the
 adapter seam (``suites/engines/NAME_adapter.py``); ``--device`` the device
 kernels and the engine run on (CUDA when present, else the CPU, where Triton
-kernels run under its interpreter).
+kernels run under its interpreter); ``--pairs FILE`` (or ``$AGC_PAIRS``) adds
+the model pairs of a pairs file to every suite.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +26,8 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
     # 4x slower on 2 cores with 2 workers). OMP_NUM_THREADS, when set, decides instead.
     torch.set_num_threads(1)
 
+from reference_engine.pair_options import PAIRS_ENV, pairs_file_from_env
+from reference_engine.pairs_file import PairsFileError, register_pairs_file
 from suites.engines.base import EngineAdapter
 
 _ADAPTER_KEY = pytest.StashKey[EngineAdapter]()
@@ -41,6 +45,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="device for kernels and the engine (default: cuda when available, else cpu)",
     )
+    group.addoption(
+        "--pairs",
+        default=pairs_file_from_env(),
+        metavar="FILE",
+        help=f"a pairs file (YAML) whose model pairs join every suite's parametrization "
+        f"(default: ${PAIRS_ENV})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the pairs file's pairs before the suites' modules list their pairs."""
+    path = config.getoption("pairs")
+    if path is not None:
+        try:
+            register_pairs_file(Path(path))
+        except PairsFileError as error:
+            raise pytest.UsageError(f"--pairs: {error}") from None
+        os.environ[PAIRS_ENV] = str(Path(path).resolve())  # subprocesses the suites start
 
 
 def _make_adapter(config: pytest.Config) -> EngineAdapter:

@@ -62,9 +62,7 @@ CASES = [
         (*ENGINE, "inspect", PAIR, "--policy", "bogus"),
         "argument --policy: invalid choice: 'bogus'",
     ),
-    BadInput(
-        "generate-unknown-pair", (*ENGINE, "generate", "nope"), "argument PAIR: invalid choice"
-    ),
+    BadInput("generate-unknown-pair", (*ENGINE, "generate", "nope"), "unknown model pair 'nope'"),
     BadInput(
         "generate-state-backend",
         (*ENGINE, "generate", PAIR, "--backend", "mamba"),

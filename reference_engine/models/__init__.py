@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference_engine.model_pairs import ModelPair, SpecMethod
+from reference_engine.model_pairs import DENSE_FAMILIES, ModelPair, SpecMethod
 from reference_engine.models.gemma4 import Gemma4ForCausalLM
 from reference_engine.models.gemma4_assistant import Gemma4Assistant
 from reference_engine.models.llama import build_dense_draft_head, build_dense_model
@@ -67,7 +67,7 @@ def build_pair_models(
     elif pair.family == "qwen3_next":
         target = Qwen3NextForCausalLM(target_config, "model", tp)
         draft = build_qwen3_next_mtp(draft_config, "mtp", tp)
-    elif pair.family in ("llama", "qwen3"):
+    elif pair.family in DENSE_FAMILIES:
         target = build_dense_model(target_config, "model", tp)
         if kind is DraftKind.DRAFT_MODEL:
             draft = build_dense_model(draft_config, "draft_model", tp)

@@ -9,6 +9,7 @@ implementation with the metadata that group's builder built this step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,20 @@ def proportional_inv_freq(
     return torch.cat([rotated, torch.zeros(head_dim // 2 - rope_angles)])
 
 
+def llama3_inv_freq(theta: float, rotary_dim: int, rope: dict) -> torch.Tensor:
+    """Llama 3.1's "llama3" RoPE: low frequencies divided by ``factor``, high
+    ones kept, the band between interpolated (transformers' ``_compute_llama3_parameters``)."""
+    inv_freq = default_inv_freq(theta, rotary_dim)
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    context = rope["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= context / high) & (wavelen <= context / low)
+    return torch.where(medium, smoothed, scaled)
+
+
 class RotaryEmbedding(nn.Module):
     """NeoX-style rotation of the first ``rotary_dim`` dims of each head."""
 
@@ -139,6 +154,16 @@ class GatedMLP(nn.Module):
         return self.tp.all_reduce(out) if self.reduce else out
 
 
+def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
+    """(q/k/v bias, o bias) as transformers builds them: Qwen2 always biases
+    q, k and v but not o; Mistral has no bias (and no ``attention_bias`` field);
+    the others follow ``attention_bias`` on all four."""
+    if config.model_type == "qwen2":
+        return True, False
+    bias = bool(getattr(config, "attention_bias", False))
+    return bias, bias
+
+
 class AttentionProjections(nn.Module):
     """This rank's head counts and q/k/v/o projections, in one base so every
     family shards them alike (q, k, v by column, o by row; the subclass
@@ -159,7 +184,9 @@ class AttentionProjections(nn.Module):
         v_is_k: bool = False,
     ) -> None:
         super().__init__()
-        hidden, bias = config.hidden_size, config.attention_bias
+        hidden = config.hidden_size
+        qkv_bias, o_bias = attention_biases(config)
+        bias = qkv_bias or o_bias
         self.num_heads = tp.split(config.num_attention_heads, "query heads")
         self.num_kv_heads = tp.kv_heads(num_kv_heads)
         self.head_dim = head_dim
@@ -174,11 +201,11 @@ class AttentionProjections(nn.Module):
             "o_proj.weight": ROW,
         }
         kv_width = self.num_kv_heads * head_dim
-        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim * q_per_head, bias=bias)
+        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim * q_per_head, bias=qkv_bias)
         if with_kv:
-            self.k_proj = nn.Linear(hidden, kv_width, bias=bias)
-            self.v_proj = None if v_is_k else nn.Linear(hidden, kv_width, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=bias)
+            self.k_proj = nn.Linear(hidden, kv_width, bias=qkv_bias)
+            self.v_proj = None if v_is_k else nn.Linear(hidden, kv_width, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=o_bias)
 
 
 class PagedAttention(nn.Module):

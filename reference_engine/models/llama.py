@@ -1,4 +1,4 @@
-"""Llama / Qwen3 dense decoders (targets, draft models, EAGLE and MTP layers).
+"""Llama / Mistral / Qwen2 / Qwen3 dense decoders (targets, draft models, EAGLE and MTP layers).
 
 Parameter names follow transformers' ``LlamaForCausalLM`` / ``Qwen3ForCausalLM``
 so a state dict loads without renaming. Qwen3 differs from Llama only by the
@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from reference_engine.model_pairs import SUPPORTED_ROPE_TYPES
 from reference_engine.models.common import (
     AttentionProjections,
     ForwardContext,
@@ -20,6 +21,7 @@ from reference_engine.models.common import (
     RMSNorm,
     RotaryEmbedding,
     default_inv_freq,
+    llama3_inv_freq,
 )
 from reference_engine.models.parallel import SINGLE, TensorParallel
 
@@ -32,12 +34,23 @@ def rope_theta_of(config: PretrainedConfig) -> float:
     return config.rope_parameters["rope_theta"]
 
 
+def rope_type_of(config: PretrainedConfig) -> str:
+    return config.rope_parameters.get("rope_type", "default")
+
+
 def _check_rope(config: PretrainedConfig) -> None:
-    rope_type = config.rope_parameters.get("rope_type", "default")
-    if rope_type != "default":
+    rope_type = rope_type_of(config)
+    if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(
-            f"{type(config).__name__}: rope_type {rope_type!r} is not supported (only 'default')"
+            f"{type(config).__name__}: rope_parameters.rope_type {rope_type!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
+
+
+def dense_inv_freq(config: PretrainedConfig, head_dim: int) -> torch.Tensor:
+    if rope_type_of(config) == "llama3":
+        return llama3_inv_freq(rope_theta_of(config), head_dim, config.rope_parameters)
+    return default_inv_freq(rope_theta_of(config), head_dim)
 
 
 class DenseAttention(AttentionProjections):
@@ -49,7 +62,7 @@ class DenseAttention(AttentionProjections):
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(default_inv_freq(rope_theta_of(config), self.head_dim))
+        self.rotary = RotaryEmbedding(dense_inv_freq(config, self.head_dim))
         self.attn = PagedAttention(layer_name)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from reference_engine.model_pairs import MODEL_PAIRS
+from reference_engine.pair_options import pairs_file_from_env
+from reference_engine.pairs_file import register_pairs_file
 from suites.engines.base import EngineAdapter, GroupingOutcome
 
 
@@ -57,6 +59,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m suites.engines.dump ENGINE OUTPUT", file=sys.stderr)
         return 2
     engine, output = argv
+    pairs_file = pairs_file_from_env()
+    if pairs_file is not None:
+        register_pairs_file(pairs_file)
     adapter = importlib.import_module(f"suites.engines.{engine}_adapter").make_adapter(None)
     text = all_outcomes_as_json(adapter)
     Path(output).write_text(text + "\n", encoding="utf-8")

@@ -4,7 +4,7 @@ For every pair whose models transformers implements, the reference engine
 (``ModelRunner`` on the paged KV cache, attention through the backends) must
 give the logits of transformers' forward over the whole sequence within 1e-4
 relative error, at prefill and at every decode step. The batch mixes a prompt
-longer than the tiny sliding window (32), a prompt prefilled in two chunks,
+longer than the pair's smallest sliding window, a prompt prefilled in two chunks,
 and decodes that run next to a prefill chunk.
 
 Drafts: the Qwen3 draft model and the Gemma 4 assistant are transformers
@@ -37,6 +37,7 @@ from kernels.registry import get_backend
 from reference_engine.model_pairs import MODEL_PAIRS, ModelPair, SpecMethod
 from reference_engine.model_runner import ModelRunner, ProposeInput, ProposeRequest
 from reference_engine.models import DraftKind
+from reference_engine.pairs_file import load_pairs_file
 from reference_engine.step import ScheduledChunk, StepBatch
 from reference_engine.weights import ReferenceModels, reference_models, save_pair_weights
 
@@ -48,6 +49,9 @@ BLOCKS_PER_REQUEST = 8
 NUM_DECODE_STEPS = 2
 NUM_DRAFT_STEPS = 3
 NOT_IN_TRANSFORMERS = {"qwen3_next": "state layers are not transformers' Gated DeltaNet"}
+#: pairs from small user configs that once ran wrongly (Qwen3's ignored window, Qwen2 /
+#: Mistral's missing attention_bias); built from their config files as a user's pairs are
+REGRESSION_PAIRS = load_pairs_file(Path(__file__).parents[1] / "data" / "regression_pairs.yaml")
 
 
 def _backends(device: torch.device) -> tuple[str, ...]:
@@ -68,7 +72,7 @@ def _pair_params(predicate, backends: tuple[str, ...], device: torch.device) -> 
             id=f"{pair.name}-{backend}-fp32-tp1",
             marks=[pytest.mark.mtp] if pair.is_mtp else [],
         )
-        for pair in MODEL_PAIRS.values()
+        for pair in (*MODEL_PAIRS.values(), *REGRESSION_PAIRS)
         if pair.family not in NOT_IN_TRANSFORMERS and predicate(pair)
         for backend in backends
         if _runs(pair, backend, device)
@@ -151,8 +155,9 @@ def setups(device, tmp_path_factory):
 
 
 def _prompts(pair: ModelPair, generator: torch.Generator) -> list[list[int]]:
-    # Gemma 4 has sliding layers: one prompt crosses the 32-token window.
-    lengths = (34, 3, 7) if pair.family == "gemma4" else (3, 5, 7)
+    # With sliding layers, one prompt crosses the smallest window.
+    windows = [layer.sliding_window for layer in pair.layers() if layer.sliding_window]
+    lengths = (min(windows) + 2, 3, 7) if windows else (3, 5, 7)
     return [torch.randint(0, 512, (n,), generator=generator).tolist() for n in lengths]
 
 

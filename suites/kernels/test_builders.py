@@ -1,10 +1,13 @@
 """Metadata builders: head-sized state follows the attention group, and mis-sized state is refused.
 
 The groups come from the reference engine's grouping of gemma4-e2b-mtp (target
-8 q / 1 kv heads, draft 4 q heads on the same pages; head 256 sliding, 512 full).
+8 q / 1 kv heads, draft 4 q heads on the same pages; head 256 sliding, 512 full);
+the builder-sizing check also runs over every other mixed pair (a pairs file's too).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ from kernels.registry import get_backend
 from kernels.triton_unified_attention import DEFAULT_NUM_SEGMENTS, ScratchTooSmallError
 from reference_engine.attention_groups import AttentionGroup, GroupingPolicy
 from reference_engine.kv_cache_spec import FullAttentionSpec
-from reference_engine.model_pairs import MODEL_PAIRS
+from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 from suites.kernels.backend_harness import (
     ATTENTION_BACKENDS,
     attention_groups,
@@ -36,11 +39,13 @@ MTP_PAIR = "gemma4-e2b-mtp"
 SMALL_BUILDER = {"max_num_seqs": 4, "max_query_len": 5}  # keeps CPU scratch small
 
 
-def group_by_role(backend_name: str, role: str, layer_type: str, policy=None):
+def group_by_role(
+    backend_name: str, role: str, layer_type: str, policy=None, pair_name: str = MTP_PAIR
+):
     """The layers and the first group holding a ``role`` ("target"/"draft") layer of
     ``layer_type`` ("sliding"/"full"); under LEGACY the draft's group is a merged one."""
     return group_holding(
-        MTP_PAIR,
+        pair_name,
         role,
         layer_type,
         policy or GroupingPolicy.SPLIT_BY_Q_HEADS,
@@ -54,21 +59,46 @@ def make_group_builder(backend_name: str, layers, group: AttentionGroup, device,
     return builder_cls(group.kv_cache_spec, params, device, **{**SMALL_BUILDER, **options})
 
 
-ROLES = [
-    pytest.param(("target", "sliding", 8), id="target-sliding-d256"),
-    pytest.param(("draft", "sliding", 4), id="draft-sliding-d256"),
-    pytest.param(("target", "full", 8), id="target-full-d512"),
-    pytest.param(("draft", "full", 4), id="draft-full-d512"),
-]
+def _role_cases() -> list:
+    """pair, (role, layer type, the role's query heads) for every mixed pair, a pairs
+    file's included; ids read ``target-sliding-d256`` for gemma4-e2b-mtp, else start
+    with the pair's name."""
+    cases = []
+    for name in (MTP_PAIR, *(n for n, p in MODEL_PAIRS.items() if p.is_mixed and n != MTP_PAIR)):
+        layers = [layer for layer in get_model_pair(name).layers() if layer.is_attention]
+        for layer_type, role in itertools.product(("sliding", "full"), ("target", "draft")):
+            layer = next(
+                (
+                    layer
+                    for layer in layers
+                    if layer.role == role
+                    and (layer.sliding_window is not None) == (layer_type == "sliding")
+                ),
+                None,
+            )
+            if layer is None:
+                continue
+            case_id = f"{role}-{layer_type}-d{layer.head_size}"
+            cases.append(
+                pytest.param(
+                    name,
+                    (role, layer_type, layer.num_heads_q),
+                    id=case_id if name == MTP_PAIR else f"{name}-{case_id}",
+                    marks=[pytest.mark.mtp] if get_model_pair(name).is_mtp else [],
+                )
+            )
+    return cases
 
 
-@pytest.mark.mtp
+ROLES = _role_cases()
+
+
 @pytest.mark.parametrize("backend_name", backend_name_params())
-@pytest.mark.parametrize("role", ROLES)
-def test_builder_state_follows_group_heads(backend_name: str, role, device) -> None:
+@pytest.mark.parametrize(("pair_name", "role"), ROLES)
+def test_builder_state_follows_group_heads(backend_name: str, pair_name, role, device) -> None:
     """Scratch shapes and FlashInfer plans are sized by the group's own head count."""
     role_name, layer_type, expected_heads = role
-    layers, group = group_by_role(backend_name, role_name, layer_type)
+    layers, group = group_by_role(backend_name, role_name, layer_type, pair_name=pair_name)
     assert group.num_heads_q == expected_heads
     builder = make_group_builder(backend_name, layers, group, device)
     description = builder.describe()
