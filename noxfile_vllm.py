@@ -53,7 +53,9 @@ def vllm_conformance(session: nox.Session, vllm: str) -> None:
     session.install(CPU_TORCH)
     session.install("--no-deps", f"vllm=={vllm}")
     session.install(*LIGHT_PACKAGES)
-    session.install("--no-deps", "-e", ".")
+    # The project with its test tools (pytest-xdist, hypothesis) in the venv itself: the
+    # system site-packages give nothing to rely on (torch is pinned above, so no CUDA build).
+    session.install("-e", ".[test]", CPU_TORCH)
     OUT.mkdir(parents=True, exist_ok=True)
     env = {"CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "WARNING"}
     session.run(
