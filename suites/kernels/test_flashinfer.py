@@ -18,7 +18,6 @@ from kernels.backends.flashinfer_attn import (
     FlashInferImpl,
     FlashInferMetadataBuilder,
     FlashInferPlanParams,
-    PagedKVIndices,
     StalePlanError,
     expanded_decode_indices,
     paged_kv_indices,
@@ -39,51 +38,11 @@ from suites.kernels.batches import (
     make_paged_batch,
     relative_error,
 )
+from suites.kernels.flashinfer_standin import paged_attention
 
 pytestmark = pytest.mark.kernels
 
 BLOCK_SIZE = 16
-
-
-def emulate_flashinfer(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    pages: PagedKVIndices,
-    window_left: int,
-    sm_scale: float,
-) -> torch.Tensor:
-    """FlashInfer's documented paged attention, plainly in float64.
-
-    Request i reads pages ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]``, all full
-    but the last (``kv_last_page_len[i]`` tokens); its queries are the last
-    ``qo_len`` positions of its ``kv_len`` keys (causal, bottom-right aligned);
-    a query at q sees keys at k <= q with k >= q - window_left when window_left >= 0.
-    """
-    block_size = key_cache.shape[1]
-    group_size = query.shape[1] // key_cache.shape[2]
-    output = torch.empty(query.shape, dtype=torch.float64)
-    for request in range(pages.num_requests):
-        page_ids = pages.kv_indices[pages.kv_indptr[request] : pages.kv_indptr[request + 1]].long()
-        kv_len = (len(page_ids) - 1) * block_size + int(pages.kv_last_page_len[request])
-        keys = key_cache[page_ids].flatten(0, 1)[:kv_len].double()
-        values = value_cache[page_ids].flatten(0, 1)[:kv_len].double()
-        q_start, q_end = int(pages.qo_indptr[request]), int(pages.qo_indptr[request + 1])
-        query_pos = torch.arange(kv_len - (q_end - q_start), kv_len)[:, None]
-        key_pos = torch.arange(kv_len)[None, :]
-        visible = key_pos <= query_pos
-        if window_left >= 0:
-            visible &= key_pos >= query_pos - window_left
-        scores = torch.einsum(
-            "qhd,khd->hqk",
-            query[q_start:q_end].double(),
-            keys.repeat_interleave(group_size, dim=1),
-        )
-        probs = torch.softmax((scores * sm_scale).masked_fill(~visible, float("-inf")), dim=-1)
-        output[q_start:q_end] = torch.einsum(
-            "hqk,khd->qhd", probs, values.repeat_interleave(group_size, dim=1)
-        )
-    return output
 
 
 BATCHES = {
@@ -118,7 +77,7 @@ def test_page_indices_reproduce_the_oracle(batch_name, window_name, expanded) ->
     window_left = -1 if window is None else window - 1
     pages = (expanded_decode_indices if expanded else paged_kv_indices)(common, window_left)
     assert NULL_BLOCK not in pages.kv_indices.tolist(), "a slid-out block was listed"
-    emulated = emulate_flashinfer(
+    emulated = paged_attention(
         batch.query,
         launch_cache("flashinfer", batch.key_cache),
         launch_cache("flashinfer", batch.value_cache),
