@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import fnmatch
 import functools
-import itertools
 import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -167,24 +166,33 @@ _MAX_UNKNOWN_NAMES = 10
 
 
 def _possibly(expression: Expression, fact: Callable[[str, dict], bool | None]) -> bool:
-    """Whether some truth value of the unknown names (``fact`` -> None) makes it true."""
-    names = sorted(expression.idents())
-    if len(names) > _MAX_UNKNOWN_NAMES:
-        return True
-    return any(
-        _evaluate(expression, fact, dict(zip(names, assignment, strict=True)))
-        for assignment in itertools.product((False, True), repeat=len(names))
-    )
+    """Whether some truth value of the unknown names (``fact`` -> None) makes it true.
 
+    Explores only the names an evaluation asks for (it short-circuits), branching on each
+    new one; ``Expression.evaluate`` is the only part of pytest's parser used, so any
+    pytest >= 8.4 serves (``Expression.idents`` is newer)."""
 
-def _evaluate(
-    expression: Expression, fact: Callable[[str, dict], bool | None], guess: dict[str, bool]
-) -> bool:
-    def matcher(name: str, /, **kwargs: object) -> bool:
-        known = fact(name, kwargs)
-        return guess[name] if known is None else known
+    def search(guess: dict[str, bool]) -> bool:
+        asked: list[str] = []
 
-    return expression.evaluate(matcher)
+        def matcher(name: str, /, **kwargs: object) -> bool:
+            known = fact(name, kwargs)
+            if known is not None:
+                return known
+            if name not in guess:
+                asked.append(name)
+            return guess.get(name, False)
+
+        if expression.evaluate(matcher):
+            return True
+        new = next((name for name in asked if name not in guess), None)
+        if new is None:
+            return False
+        if len(guess) >= _MAX_UNKNOWN_NAMES:
+            return True
+        return search({**guess, new: False}) or search({**guess, new: True})
+
+    return search({})
 
 
 def possibly_selected(test: TestFunction, run: PytestRun) -> bool:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine WITH network: download what an offline GPU machine (Python 3.12, CUDA 13, torch 2.11
 # preinstalled) lacks to run `nox -s gpu_tests`: FlashInfer 0.6.13 with its two helpers in DIR, and
-# in DIR/tools nox, jsonschema and buildkite-sdk (its pipeline schema only, so without its
+# in DIR/tools nox, jsonschema, import-linter and buildkite-sdk (its pipeline schema only, so without its
 # dependencies) for the CI harness tests.
 # Usage: scripts/fetch_gpu_wheels.sh [DIR]   (default DIR: .whl, ignored by git; carry it to the GPU machine)
 set -euo pipefail
@@ -12,6 +12,6 @@ mkdir -p "$dir/tools"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
   -d "$dir" flashinfer-python==0.6.13 apache-tvm-ffi==0.1.15.post2 nvidia-cudnn-frontend==1.32.0
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
-  --platform any -d "$dir/tools" nox jsonschema
+  --platform any -d "$dir/tools" nox jsonschema import-linter
 python3 -m pip download -q --no-deps --only-binary=:all: -d "$dir/tools" buildkite-sdk
 du -sh "$dir"

@@ -190,7 +190,9 @@ def test_bad_input_exits_2_with_one_clear_line(case: BadInput, tmp_path: Path) -
     for name in case.inputs:
         (tmp_path / name).write_text(CORRUPT_JSON)
     # No GPU visible, so the missing-device cases hold on GPU machines too.
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    # The checkout first, then whatever the environment adds (a GPU image's wheel folder).
+    python_path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": python_path, "CUDA_VISIBLE_DEVICES": ""}
     completed = subprocess.run(
         [sys.executable, "-m", *case.argv],
         cwd=tmp_path,
