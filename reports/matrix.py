@@ -75,8 +75,23 @@ class CellTest:
     status: str
 
 
+class _CountedTests:
+    """Counts by status and the colour of a set of tests: a cell, or one backend and
+    dtype inside it."""
+
+    tests: tuple[CellTest, ...]
+
+    @property
+    def counts(self) -> tuple[tuple[str, int], ...]:
+        return _ordered_counts(test.status for test in self.tests)
+
+    @property
+    def status(self) -> str:
+        return cell_status(dict(self.counts))
+
+
 @dataclass(frozen=True)
-class CellPart:
+class CellPart(_CountedTests):
     """The tests of one backend and dtype inside a cell."""
 
     backend: str
@@ -87,17 +102,9 @@ class CellPart:
     def label(self) -> str:
         return " ".join(v for v in (self.backend, self.dtype) if v != NO_VALUE) or ANY_BACKEND
 
-    @property
-    def counts(self) -> tuple[tuple[str, int], ...]:
-        return _ordered_counts(test.status for test in self.tests)
-
-    @property
-    def status(self) -> str:
-        return cell_status(dict(self.counts))
-
 
 @dataclass(frozen=True)
-class MatrixCell:
+class MatrixCell(_CountedTests):
     pair: str
     area: str
     parts: tuple[CellPart, ...]  # sorted by backend, then dtype
@@ -105,14 +112,6 @@ class MatrixCell:
     @property
     def tests(self) -> tuple[CellTest, ...]:
         return tuple(test for part in self.parts for test in part.tests)
-
-    @property
-    def counts(self) -> tuple[tuple[str, int], ...]:
-        return _ordered_counts(test.status for test in self.tests)
-
-    @property
-    def status(self) -> str:
-        return cell_status(dict(self.counts))
 
     @property
     def summary(self) -> str:
