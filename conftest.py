@@ -1,4 +1,7 @@
-"""Repository-wide pytest option: ``--shard INDEX/COUNT`` runs one deterministic slice.
+"""Repository-wide pytest options: the suites' ``--engine``, ``--device`` and ``--pairs``
+(used in ``suites/conftest.py``; declared here so that a run naming no path, such as
+``pytest -k mtp --pairs FILE``, knows them), and ``--shard INDEX/COUNT``, which runs one
+deterministic slice.
 
 A GPU suite that needs longer than one CI job (or one lent machine) may be split
 across jobs, as Buildkite's ``parallelism`` does: job ``INDEX`` of ``COUNT``
@@ -14,8 +17,28 @@ import zlib
 
 import pytest
 
+from reference_engine.pair_options import PAIRS_ENV, pairs_file_from_env
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("attention-grouping conformance")
+    group.addoption(
+        "--engine",
+        default="reference",
+        help="implementation under test: reference (default) or vllm (needs vLLM installed)",
+    )
+    group.addoption(
+        "--device",
+        default=None,
+        help="device for kernels and the engine (default: cuda when available, else cpu)",
+    )
+    group.addoption(
+        "--pairs",
+        default=pairs_file_from_env(),
+        metavar="FILE",
+        help=f"a pairs file (YAML) whose model pairs join every suite's parametrization "
+        f"(default: ${PAIRS_ENV})",
+    )
     parser.addoption(
         "--shard",
         default=None,

@@ -1,5 +1,7 @@
-"""Suite-wide options and fixtures: the engine under test and the device.
+"""Suite-wide fixtures: the engine under test and the device.
 
+Their options are declared in the repository's root ``conftest.py`` (pytest reads only
+that one's options when a run names no path, as ``pytest -k mtp --pairs FILE`` does):
 ``--engine NAME`` picks the implementation the suites judge through the
 adapter seam (``suites/engines/NAME_adapter.py``); ``--device`` the device
 kernels and the engine run on (CUDA when present, else the CPU, where Triton
@@ -26,32 +28,11 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
     # 4x slower on 2 cores with 2 workers). OMP_NUM_THREADS, when set, decides instead.
     torch.set_num_threads(1)
 
-from reference_engine.pair_options import PAIRS_ENV, pairs_file_from_env
+from reference_engine.pair_options import PAIRS_ENV
 from reference_engine.pairs_file import PairsFileError, register_pairs_file
 from suites.engines.base import EngineAdapter
 
 _ADAPTER_KEY = pytest.StashKey[EngineAdapter]()
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("attention-grouping conformance")
-    group.addoption(
-        "--engine",
-        default="reference",
-        help="implementation under test: reference (default) or vllm (needs vLLM installed)",
-    )
-    group.addoption(
-        "--device",
-        default=None,
-        help="device for kernels and the engine (default: cuda when available, else cpu)",
-    )
-    group.addoption(
-        "--pairs",
-        default=pairs_file_from_env(),
-        metavar="FILE",
-        help=f"a pairs file (YAML) whose model pairs join every suite's parametrization "
-        f"(default: ${PAIRS_ENV})",
-    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -129,3 +129,23 @@ def test_agc_pairs_with_a_bad_file_is_a_usage_error(tmp_path):
     result = _collect("no/such.yaml", tmp_path)
     assert result.returncode == pytest.ExitCode.USAGE_ERROR
     assert "--pairs: no/such.yaml: no such pairs file" in result.stderr
+
+
+def test_suite_options_are_known_to_a_run_outside_the_suites(tmp_path):
+    """``pytest -k mtp --pairs FILE`` names no path: pytest then knows only the root
+    conftest's options, so the suites' options must be declared there. (The file is named
+    relative to the root and outside ``suites/``: pytest takes a path under ``suites/``
+    that follows an unknown option for a test path and loads the suites' conftest.)"""
+    pairs_file = "reference_engine/configs/pairs.yaml"
+    completed = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider"),
+            *("--pairs", pairs_file, "--engine", "reference", "--device", "cpu"),
+            *("--run-record", str(tmp_path / "record.json"), "tests/test_shard.py"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == pytest.ExitCode.OK, completed.stderr
