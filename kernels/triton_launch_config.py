@@ -14,6 +14,7 @@ from typing import Literal
 
 import triton
 
+from kernels.metadata import cdiv
 from kernels.triton_occupancy import H200_WAVE_SLOTS
 
 MAX_3D_QUERY_LEN = 8
@@ -59,12 +60,12 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         for name in ("block_m", "tile_size"):
             value = getattr(self, name)
-            if value < 16 or value != triton.next_power_of_2(value):
+            if value < 16 or value != next_power_of_2(value):
                 raise ValueError(f"{name} must be a power of two >= 16; got {value}")
         if min(self.num_warps, self.num_stages, self.num_segments) < 1:
             raise ValueError(f"num_warps, num_stages and num_segments must be >= 1: {self}")
         heads = self.merge_heads_per_program
-        if heads < 1 or heads != triton.next_power_of_2(heads):
+        if heads < 1 or heads != next_power_of_2(heads):
             raise ValueError(f"merge_heads_per_program must be a power of two; got {heads}")
 
     def block_q(self, group_size: int) -> int:
@@ -72,9 +73,15 @@ class LaunchConfig:
         return self.block_m // group_size
 
 
+def next_power_of_2(n: int) -> int:
+    """The least power of two >= ``n`` (``n >= 1``), in plain Python: Triton's own is a
+    JIT-callable wrapper costing microseconds per call on the host side of every launch."""
+    return 1 << (n - 1).bit_length()
+
+
 def dot_head_size(head_size: int) -> int:
     """The head dimension the kernel computes with: a power of two, and >= 16 for tl.dot."""
-    return max(16, triton.next_power_of_2(head_size))
+    return max(16, next_power_of_2(head_size))
 
 
 def rows_per_program(group_size: int, max_query_len: int, head_size: int) -> int:
@@ -82,8 +89,8 @@ def rows_per_program(group_size: int, max_query_len: int, head_size: int) -> int
     capped by the accumulator's register footprint for wide heads, never below 16 or G."""
     head_size_padded = dot_head_size(head_size)
     cap = min(128, max(16, 16384 // head_size_padded))
-    wanted = min(cap, triton.next_power_of_2(group_size * max(max_query_len, 1)))
-    return max(16, triton.next_power_of_2(group_size), wanted)
+    wanted = min(cap, next_power_of_2(group_size * max(max_query_len, 1)))
+    return max(16, next_power_of_2(group_size), wanted)
 
 
 def choose_launch_config(
@@ -122,13 +129,13 @@ def choose_launch_config(
     if path == "3d":
         block_q = block_m // group_size
         num_segments = split_kv_segments(
-            kv_programs=num_seqs * triton.cdiv(max_query_len, block_q) * num_kv_heads,
-            num_tiles=triton.cdiv(max(max_seq_len, 1), tile_size),
+            kv_programs=num_seqs * cdiv(max_query_len, block_q) * num_kv_heads,
+            num_tiles=cdiv(max(max_seq_len, 1), tile_size),
             wave_slots=wave_slots,
             max_segments=max_segments,
         )
     # The interpreter pays per program, a GPU wants many small ones.
-    merge_heads = triton.next_power_of_2(num_heads_q) if INTERPRETED else 1
+    merge_heads = next_power_of_2(num_heads_q) if INTERPRETED else 1
     return LaunchConfig(
         block_m, tile_size, num_warps, num_stages, max(num_segments, 1), merge_heads
     )
@@ -145,7 +152,7 @@ def split_kv_segments(
     idle; every program reads about the same bytes, so whole waves finish together.
     """
     kv_programs = max(kv_programs, 1)
-    waves = triton.cdiv(MIN_SEGMENTS_3D * kv_programs, wave_slots)
+    waves = cdiv(MIN_SEGMENTS_3D * kv_programs, wave_slots)
     return max(1, min(waves * wave_slots // kv_programs, max_segments, num_tiles))
 
 
@@ -186,5 +193,5 @@ def select_path(
         seq_threshold_3d = max(1, MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads)
     group_size = num_heads_q // num_kv_heads
     block_q = rows_per_program(group_size, max_query_len, head_size) // group_size
-    q_blocks = num_seqs * triton.cdiv(max_query_len, block_q)
+    q_blocks = num_seqs * cdiv(max_query_len, block_q)
     return "3d" if q_blocks <= seq_threshold_3d else "2d"

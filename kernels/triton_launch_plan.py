@@ -3,10 +3,12 @@
 ``plan_launch`` checks the inputs, picks the 2D or split-KV (3D) path, the launch parameters
 (``LaunchConfig``), the grids, the kernels' compile-time constants and what the split-KV
 scratch must cover, and returns them as a frozen ``LaunchPlan``;
-``kernels.triton_unified_attention.launch`` only turns a plan into kernel calls. Planning reads tensor
-shapes, dtypes, strides and devices, never their data, and compiles nothing: the one
-device-dependent input, how many programs fill a wave, comes from an injected ``wave_slots``
-probe (``kernels.triton_occupancy.measure_wave_slots`` on a GPU, a number in tests).
+``kernels.triton_unified_attention.launch`` only turns a plan into kernel calls. Planning
+reads tensor shapes, dtypes, strides and devices, never their data, and compiles nothing: the
+one device-dependent input, how many programs fill a wave, comes from an injected
+``wave_slots`` probe (``kernels.triton_occupancy.measure_wave_slots`` on a GPU, a number in
+tests). ``ConstexprSignature`` reads a kernel's ``tl.constexpr`` parameters from its
+signature, so a test holds the plan's constants to the kernels'.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from types import MappingProxyType
 from typing import Literal
 
 import torch
-import triton
 
 from kernels.kv_cache_write import check_query_against_cache
+from kernels.metadata import cdiv
 from kernels.split_kv_scratch import ScratchNeeds, SplitKVScratch, check_scratch
 from kernels.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
@@ -30,6 +32,7 @@ from kernels.triton_launch_config import (
     Path,
     choose_launch_config,
     dot_head_size,
+    next_power_of_2,
     select_path,
     split_kv_segments,
 )
@@ -55,8 +58,9 @@ class AttentionTensors:
 
 @dataclass(frozen=True)
 class KernelLaunch:
-    """One kernel call: its grid, its ``tl.constexpr`` arguments (exactly the kernel's, by
-    name) and Triton's launch options (``num_warps``, ``num_stages``)."""
+    """One kernel call: its grid, its ``tl.constexpr`` arguments by name (every one of the
+    kernel's without a default; see ``ConstexprSignature``) and Triton's launch options
+    (``num_warps``, ``num_stages``)."""
 
     grid: tuple[int, ...]
     constexprs: Mapping[str, object]
@@ -229,7 +233,7 @@ def _fill_waves(call: _Call, plan: LaunchPlan, wave_slots: int) -> LaunchConfig:
     """The plan's config with the segment count that fills whole waves of ``wave_slots``."""
     segments = split_kv_segments(
         kv_programs=plan.attention.grid[0] * call.num_kv_heads,
-        num_tiles=triton.cdiv(call.max_seq_len, plan.config.tile_size),
+        num_tiles=cdiv(call.max_seq_len, plan.config.tile_size),
         wave_slots=wave_slots,
         max_segments=call.scratch_segments,
     )
@@ -241,7 +245,7 @@ def _assemble(call: _Call, path: Path, config: LaunchConfig) -> LaunchPlan:
         raise ValueError(f"block_m {config.block_m} is below the group size {call.group_size}")
     split_kv = path == "3d"
     block_q = config.block_q(call.group_size)
-    q_blocks_per_seq = triton.cdiv(call.max_query_len, block_q)
+    q_blocks_per_seq = cdiv(call.max_query_len, block_q)
     # Split-KV grids are exact; the 2D one is vLLM's host-side bound (surplus programs exit).
     if split_kv:
         grid_q_blocks = call.num_seqs * q_blocks_per_seq
@@ -259,7 +263,7 @@ def _assemble(call: _Call, path: Path, config: LaunchConfig) -> LaunchPlan:
             rows=call.num_tokens,
             num_heads_q=call.num_heads_q,
             num_segments=num_segments,
-            head_size_padded=triton.next_power_of_2(call.head_size),
+            head_size_padded=next_power_of_2(call.head_size),
             device=call.device,
         )
     return LaunchPlan(
@@ -286,7 +290,7 @@ def _attention_constexprs(
             "GROUP_SIZE": call.group_size,
             "HEAD_SIZE": call.head_size,
             "HEAD_SIZE_PADDED": dot_head_size(call.head_size),
-            "SCRATCH_ROW": triton.next_power_of_2(call.head_size),
+            "SCRATCH_ROW": next_power_of_2(call.head_size),
             "BLOCK_SIZE": call.block_size,
             "TILE_SIZE": config.tile_size,
             "BLOCK_M": config.block_m,
@@ -305,15 +309,15 @@ def _merge_launch(call: _Call, config: LaunchConfig) -> KernelLaunch:
     """The split-KV merge: one program per (token, ``merge_heads_per_program`` query heads)."""
     heads = config.merge_heads_per_program
     return KernelLaunch(
-        grid=(call.num_tokens, triton.cdiv(call.num_heads_q, heads)),
+        grid=(call.num_tokens, cdiv(call.num_heads_q, heads)),
         constexprs=MappingProxyType(
             {
                 "NUM_HEADS_Q": call.num_heads_q,
                 "HEADS_PER_PROGRAM": heads,
                 "SCRATCH_SEGMENTS": call.scratch_segments,
-                "SEGMENTS_PADDED": triton.next_power_of_2(call.scratch_segments),
+                "SEGMENTS_PADDED": next_power_of_2(call.scratch_segments),
                 "HEAD_SIZE": call.head_size,
-                "HEAD_SIZE_PADDED": triton.next_power_of_2(call.head_size),
+                "HEAD_SIZE_PADDED": next_power_of_2(call.head_size),
             }
         ),
         options=MappingProxyType({"num_warps": MERGE_NUM_WARPS}),

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 import torch
 import triton
 
+from kernels.metadata import cdiv
+
 H200_SMS = 132
 H200_WAVE_SLOTS = 3 * H200_SMS
 """Programs the H200 holds at once for the head-256 decode kernel (168 registers per thread and
@@ -33,7 +35,7 @@ def resident_programs_per_sm(
     """Programs of a compiled kernel one SM holds at once: the tightest of its register file
     (allocated per warp in 256-register units), shared memory (1 KiB reserved per program) and
     thread limits. Nsight Compute's "Block Limit" figures follow the same rules."""
-    registers_per_warp = triton.cdiv(registers_per_thread * warp_size, 256) * 256
+    registers_per_warp = cdiv(registers_per_thread * warp_size, 256) * 256
     by_registers = REGISTERS_PER_SM // (registers_per_warp * num_warps)
     by_shared = shared_bytes_per_sm // (shared_bytes + 1024)
     by_threads = max_threads_per_sm // (num_warps * warp_size)

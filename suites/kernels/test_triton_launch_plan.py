@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kernels.split_kv_scratch import ScratchTooSmallError, SplitKVScratch
-from kernels.triton_launch_config import DEFAULT_NUM_SEGMENTS, LaunchConfig
+from kernels.triton_launch_config import DEFAULT_NUM_SEGMENTS, LaunchConfig, next_power_of_2
 from kernels.triton_launch_plan import (
     AttentionTensors,
     ConstexprSignature,
@@ -313,3 +313,8 @@ def test_scratch_shortfall_raises_at_planning() -> None:
     config = LaunchConfig(block_m=16, tile_size=64, num_warps=4, num_stages=2, num_segments=8)
     with pytest.raises(ScratchTooSmallError, match="segments: scratch 4, launch 8"):
         _plan(batch, RecordingProbe(THREE_PER_SM), path="3d", config=config)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 255, 256, 257, 4097])
+def test_next_power_of_2_agrees_with_triton(n: int) -> None:
+    assert next_power_of_2(n) == triton.next_power_of_2(n)
