@@ -49,15 +49,16 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
 from benchmarks.cli import argument_parser
 from reports.environment import collect_environment, cpu_name
 from reports.record import Metric, RecordError, RunRecord, Scalar, TestResult, read_json_file
 from reports.record import write_record as write_record_file
+
+if TYPE_CHECKING:  # torch loads only when a benchmark names its device
+    import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOOL = "benchmarks/bench_attention.py"
@@ -243,6 +244,8 @@ def run_environment(
 def device_label(device: torch.device) -> str:
     """The device a benchmark ran on, as records name it: the GPU, or the CPU even on a
     machine that has a GPU (a CPU run there must not be compared as a GPU run)."""
+    import torch
+
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 

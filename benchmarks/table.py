@@ -14,12 +14,13 @@ exit 2: it leaves the ratios out; give the metric list it was made from.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.cli import argument_parser
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,11 @@ def read_metric_list(path: Path) -> list[dict]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.table", description=__doc__)
+    parser = argument_parser(
+        "benchmarks.table",
+        __doc__,
+        "exit status: 0 ok; 2 bad input (a missing or unreadable file, not a metric list)",
+    )
     parser.add_argument("run", type=Path, help="a JSON file written by bench_attention --json")
     args = parser.parse_args(argv)
     try:

@@ -24,7 +24,7 @@ from benchmarks.cli import argument_parser
 if TYPE_CHECKING:  # torch, triton and the kernels load after the arguments are parsed
     import torch
 
-    from benchmarks.bench_attention import Case
+    from benchmarks.attention_cases import Case
     from kernels.triton_launch_config import LaunchConfig
 
 
@@ -43,7 +43,7 @@ class SweepSpace:
 def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> list[dict]:
     import torch
 
-    from benchmarks.bench_attention import KVCache, step_metadata
+    from benchmarks.attention_runner import KVCache, step_metadata
     from benchmarks.timing import l2_flush_buffer, time_cuda
     from kernels.split_kv_scratch import SplitKVScratch
     from kernels.triton_launch_config import (
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: the sweep needs a CUDA device", file=sys.stderr)
         return 2
-    from benchmarks.bench_attention import SHAPES, cases
+    from benchmarks.attention_cases import SHAPES, cases
 
     shape_names = args.shapes.split(",") if args.shapes else list(SHAPES)
     device = torch.device("cuda")

@@ -32,6 +32,7 @@ from ci.pipeline import build_pipeline, checked_uploads
 from ci.selection import Knobs, Selection, select_steps
 
 DEFAULT_CONFIG = "ci/ci_config.yaml"
+EXIT_OK = 0
 EXIT_GAPS = 1
 EXIT_BAD_INPUT = 2
 
@@ -346,3 +347,6 @@ def main(argv: list[str] | None = None) -> int:
     except CIInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader (``| head``) has what it wanted: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return EXIT_OK

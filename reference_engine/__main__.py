@@ -7,6 +7,7 @@ transformers; a command imports the engine only when it runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kernels.registry import NotAnAttentionBackendError, UnknownBackendError
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader (``| head``) has what it wanted: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return 0
 
 
 if __name__ == "__main__":

@@ -13,15 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.bench_attention import (
-    BACKENDS,
-    MAX_RELATIVE_ERROR,
-    SHAPES,
-    Case,
-    cases,
-    parse_args,
-    ratio_metrics,
-)
+from benchmarks.attention_cases import SHAPES, Case, cases
+from benchmarks.attention_runner import ratio_metrics
+from benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
+from benchmarks.bench_attention import parse_args
 from benchmarks.timing import Timing
 from kernels.registry import BACKEND_PATHS, UnknownBackendError, get_backend
 from reports.record import load_record

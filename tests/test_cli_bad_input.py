@@ -205,3 +205,33 @@ def test_bad_input_exits_2_with_one_clear_line(case: BadInput, tmp_path: Path) -
     assert case.message in completed.stderr, completed.stderr
     assert "Traceback" not in completed.stderr, completed.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(case.inputs)
+
+
+PIPED_COMMANDS = [
+    pytest.param(("reference_engine", "inspect", PAIR, "--json"), id="inspect-json"),
+    pytest.param(("ci", "pipeline", "--all"), id="ci-pipeline"),
+]
+
+
+@pytest.mark.parametrize("argv", PIPED_COMMANDS)
+def test_a_reader_that_stops_early_is_not_an_error(argv: tuple[str, ...]) -> None:
+    """``... | head``: the reader closes the pipe before the command writes; the command
+    ends quietly with exit 0 instead of a BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the command prints anything
+    python_path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "PYTHONPATH": python_path, "CUDA_VISIBLE_DEVICES": ""}
+    try:
+        completed = subprocess.run(
+            [sys.executable, "-m", *argv],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        os.close(write_end)
+    assert completed.returncode == 0, completed.stderr
+    assert "Traceback" not in completed.stderr, completed.stderr

@@ -43,11 +43,6 @@ COMMANDS = [
     ("benchmarks.table",),
     ("benchmarks.run_record",),
 ]
-# Not yet converted: bench_attention imports torch and the kernels at its top, and
-# run_record takes its constants from it; table and bench_attention do not print the
-# exit statuses in --help yet (bench_attention's docstring states them).
-LOADS_TORCH_FOR_HELP = {("benchmarks.bench_attention",), ("benchmarks.run_record",)}
-STATES_NO_EXIT_STATUS = {("benchmarks.table",), ("benchmarks.bench_attention",)}
 
 # Runs a module as ``python -m`` would, then reports on stderr what it imported.
 PROBE = f"""
@@ -88,16 +83,17 @@ def test_help_exits_0_with_usage_and_exit_statuses(command: tuple[str, ...]) -> 
     completed, report = probe(*command, "--help")
     assert report["code"] == 0, completed.stderr
     assert completed.stdout.startswith(f"usage: python -m {command[0]}"), completed.stdout[:200]
-    if command not in STATES_NO_EXIT_STATUS:
-        assert "exit status" in completed.stdout.lower(), completed.stdout
+    assert "exit status" in completed.stdout.lower(), completed.stdout
 
 
 FAST_COMMANDS = [
-    *[(*command, "--help") for command in COMMANDS if command not in LOADS_TORCH_FOR_HELP],
+    *[(*command, "--help") for command in COMMANDS],
     ("reference_engine", "pairs"),
     ("reference_engine", "inspect", "gemma4-e2b-mtp", "--tp", "abc"),
     ("reference_engine", "generate", "gemma4-e2b-mtp", "--backend", "mamba"),
     ("benchmarks.bench_metadata", "--pair", "bogus"),
+    ("benchmarks.bench_attention", "--shapes", "bogus"),
+    ("benchmarks.bench_attention", "--runs", "3"),
 ]
 
 

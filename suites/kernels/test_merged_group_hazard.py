@@ -1,14 +1,16 @@
 """The merged-group hazard: one builder sized for one head count serving layers of another.
 
-LEGACY grouping (backend + KV spec, no head count) puts gemma4-e2b-mtp's target
-layers (8 q / 1 kv heads) and its draft's Q-only layers (4 q heads on the same
-pages) into one attention group per layer type (head 256 sliding, 512 full).
-The strict check refuses that group; these tests turn it off (builder
-``strict=False`` with ``num_heads_q_override``), as an engine without the check
-would, and run both directions through every backend:
+LEGACY grouping (backend + KV spec, no head count) puts a mixed pair's target
+and draft layers into one attention group where they share a KV spec: gemma4-e2b-mtp's
+target layers (8 q / 1 kv heads) and its draft's Q-only layers (4 q heads on the same
+pages), per layer type (head 256 sliding, 512 full). Every pair whose LEGACY grouping
+merges two head counts is a case, registered pairs and those of a pairs file
+(``--pairs``) alike. The strict check refuses that group; these tests turn it off
+(builder ``strict=False`` with ``num_heads_q_override``), as an engine without the
+check would, and run both directions through every backend:
 
-- ``draft-builder-serves-target``: state sized for 4 heads, run by an 8-head target layer;
-- ``target-builder-serves-draft``: state sized for 8 heads, run by a 4-head draft layer.
+- ``draft-builder-serves-target``: state sized for the draft's heads, run by a target layer;
+- ``target-builder-serves-draft``: state sized for the target's heads, run by a draft layer.
 
 Each case records what the backend did (``hazard_outcome``): ``refused`` (a clear
 error naming the head counts, output untouched), ``wrong_rows`` (output the
@@ -34,7 +36,7 @@ from kernels.backends.common import HeadCountMismatchError
 from kernels.registry import get_backend
 from kernels.split_kv_scratch import ScratchTooSmallError
 from reference_engine.attention_groups import GroupingPolicy
-from reference_engine.model_pairs import get_model_pair
+from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 from suites.kernels.backend_harness import (
     BACKEND_DTYPE,
     backend_params,
@@ -55,8 +57,7 @@ from suites.kernels.batches import (
 
 pytestmark = [pytest.mark.kernels, pytest.mark.mtp, pytest.mark.grouping]
 
-PAIR = "gemma4-e2b-mtp"
-TARGET_HEADS, DRAFT_HEADS = 8, 4
+DETECTOR_PAIR = "gemma4-e2b-mtp"
 REFUSALS = (HeadCountMismatchError, ScratchTooSmallError)
 """The errors a backend may refuse a mis-sized launch with; anything else is a failure."""
 
@@ -64,11 +65,32 @@ PHASES = {
     "decode": BatchSpec.decode(70, 33, 5),
     "verify": BatchSpec((70, 33, 9), (4, 4, 4)),
 }
-DIRECTIONS = {  # direction -> (builder's head count, role of the layer it serves)
-    "draft-builder-serves-target": (DRAFT_HEADS, "target"),
-    "target-builder-serves-draft": (TARGET_HEADS, "draft"),
+DIRECTIONS = {  # direction -> (role the builder is sized for, role of the layer it serves)
+    "draft-builder-serves-target": ("draft", "target"),
+    "target-builder-serves-draft": ("target", "draft"),
 }
-LAYER_TYPES = {"sliding-d256": "sliding", "full-d512": "full"}
+LAYER_TYPES = ("sliding", "full")
+
+
+def merged_groups() -> list:
+    """(pair, layer type) for every LEGACY group that holds a draft layer beside layers
+    of another head count: where a builder sized for one serves the other."""
+    cases = []
+    for name, pair in MODEL_PAIRS.items():
+        for layer_type in LAYER_TYPES if pair.is_mixed else ():
+            try:
+                layers, group = group_holding(
+                    name, "draft", layer_type, GroupingPolicy.LEGACY, torch.float32
+                )
+            except LookupError:  # no draft layer of this type
+                continue
+            if len({layers[layer].num_heads_q for layer in group.layer_names}) > 1:
+                head_size = group.kv_cache_spec.head_size
+                cases.append(pytest.param(name, layer_type, id=f"{name}-{layer_type}-d{head_size}"))
+    return cases
+
+
+MERGED_GROUPS = merged_groups()
 
 OutcomeKind = Literal["refused", "wrong_rows", "correct"]
 
@@ -130,14 +152,19 @@ class HazardSetup:
     expected: torch.Tensor
 
 
-def hazard_setup(backend_name, dtype, layer_type, direction, phase, device) -> HazardSetup:
+def hazard_setup(backend_name, dtype, pair, layer_type, direction, phase, device) -> HazardSetup:
     """The merged LEGACY group's builder, sized for the other role's heads, and a batch
     of the served layer's shape on the group's pages."""
-    layers, group = group_holding(
-        PAIR, "draft", LAYER_TYPES[layer_type], GroupingPolicy.LEGACY, dtype
-    )
-    assert {layers[name].num_heads_q for name in group.layer_names} == {TARGET_HEADS, DRAFT_HEADS}
-    builder_heads, served_role = DIRECTIONS[direction]
+    layers, group = group_holding(pair, "draft", layer_type, GroupingPolicy.LEGACY, dtype)
+    builder_role, served_role = DIRECTIONS[direction]
+    roles = get_model_pair(pair).layer_roles()
+    role_heads = {
+        role: {layers[name].num_heads_q for name in group.layer_names if name in roles[role]}
+        for role in ("target", "draft")
+    }
+    assert all(len(heads) == 1 for heads in role_heads.values()), role_heads
+    assert role_heads["target"] != role_heads["draft"], f"{pair}: no head-count mix {role_heads}"
+    (builder_heads,) = role_heads[builder_role]
     builder = get_backend(backend_name).get_builder_cls()(
         group.kv_cache_spec,
         [layers[name] for name in group.layer_names],
@@ -148,8 +175,7 @@ def hazard_setup(backend_name, dtype, layer_type, direction, phase, device) -> H
         max_query_len=5,
     )
     assert builder.num_heads_q == builder_heads
-    served = get_model_pair(PAIR).layer_roles()[served_role]
-    layer = next(layers[name] for name in group.layer_names if name in served)
+    layer = next(layers[name] for name in group.layer_names if name in roles[served_role])
     spec = group.kv_cache_spec
     batch = make_paged_batch(
         PHASES[phase],
@@ -175,14 +201,13 @@ def hazard_setup(backend_name, dtype, layer_type, direction, phase, device) -> H
 
 @pytest.mark.parametrize("phase", list(PHASES))
 @pytest.mark.parametrize("direction", list(DIRECTIONS))
-@pytest.mark.parametrize("layer_type", list(LAYER_TYPES))
 @pytest.mark.parametrize(BACKEND_DTYPE, native_dtype_params())
-@pytest.mark.parametrize("pair", [PAIR])
+@pytest.mark.parametrize(("pair", "layer_type"), MERGED_GROUPS)
 def test_merged_group_hazard(
-    pair, backend_name, dtype, layer_type, direction, phase, device, record_outcome
+    pair, layer_type, backend_name, dtype, direction, phase, device, record_outcome
 ) -> None:
     """Refused or right; never wrong without an error."""
-    setup = hazard_setup(backend_name, dtype, layer_type, direction, phase, device)
+    setup = hazard_setup(backend_name, dtype, pair, layer_type, direction, phase, device)
     common = common_metadata(setup.batch, setup.builder.kv_cache_spec.block_size)
     launch = partial(run_layer, backend_name, setup.builder, setup.layer, setup.batch, common)
     outcome = classify(launch, poisoned_like(setup.batch.query), setup.expected)
@@ -195,12 +220,12 @@ def test_merged_group_hazard(
 
 @pytest.mark.parametrize("phase", list(PHASES))
 @pytest.mark.parametrize("direction", list(DIRECTIONS))
-@pytest.mark.parametrize("layer_type", list(LAYER_TYPES))
 @pytest.mark.parametrize(
     BACKEND_DTYPE, backend_params(["flashinfer"], [torch.bfloat16], slow_dtypes=[torch.bfloat16])
 )
+@pytest.mark.parametrize(("pair", "layer_type"), MERGED_GROUPS)
 def test_merged_group_hazard_flashinfer_unguarded_probe(
-    backend_name, dtype, layer_type, direction, phase, device, record_outcome
+    pair, layer_type, backend_name, dtype, direction, phase, device, record_outcome
 ) -> None:
     """What raw FlashInfer does with a q whose head count differs from its plan.
 
@@ -209,7 +234,7 @@ def test_merged_group_hazard_flashinfer_unguarded_probe(
     guard refuses exactly this launch. Marked slow: an unguarded launch may fault
     the device, so run it in its own pytest process.
     """
-    setup = hazard_setup(backend_name, dtype, layer_type, direction, phase, device)
+    setup = hazard_setup(backend_name, dtype, pair, layer_type, direction, phase, device)
     common = common_metadata(setup.batch, setup.builder.kv_cache_spec.block_size)
     metadata = setup.builder.build(common)
     caches = (
@@ -244,19 +269,32 @@ def test_merged_group_hazard_detector_catches_wrong_rows(device) -> None:
     """The suite's judge flags a silently mis-sized kernel and accepts a right one, so a
     'correct' or 'refused' outcome above means something."""
     setup = hazard_setup(
-        "torch", torch.float32, "sliding-d256", "draft-builder-serves-target", "decode", device
+        "torch",
+        torch.float32,
+        DETECTOR_PAIR,
+        "sliding",
+        "draft-builder-serves-target",
+        "decode",
+        device,
     )
     query = setup.batch.query
-    mis_sized = _PlannedHeadsOnly(DRAFT_HEADS, setup.expected)
+    assert setup.builder.num_heads_q < setup.layer.num_heads_q
+    mis_sized = _PlannedHeadsOnly(setup.builder.num_heads_q, setup.expected)
     assert classify(mis_sized, poisoned_like(query), setup.expected).kind == "wrong_rows"
-    right = _PlannedHeadsOnly(TARGET_HEADS, setup.expected)
+    right = _PlannedHeadsOnly(setup.layer.num_heads_q, setup.expected)
     assert classify(right, poisoned_like(query), setup.expected).kind == "correct"
 
 
 def test_merged_group_hazard_detector_rejects_unclear_errors(device) -> None:
     """A crash (an out-of-bounds index, say) is not a clear refusal: it propagates."""
     setup = hazard_setup(
-        "torch", torch.float32, "full-d512", "target-builder-serves-draft", "decode", device
+        "torch",
+        torch.float32,
+        DETECTOR_PAIR,
+        "full",
+        "target-builder-serves-draft",
+        "decode",
+        device,
     )
 
     def crash(output: torch.Tensor) -> None:
