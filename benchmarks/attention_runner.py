@@ -37,7 +37,7 @@ from kernels.backend import AttentionBackend, AttentionLayerParams
 from kernels.backends.vllm_triton_peer import VllmTritonPeerBackend, missing_reason, split_kv_path
 from kernels.metadata import CommonAttentionMetadata, cdiv
 from kernels.registry import get_backend
-from kernels.triton_unified_attention import select_path
+from kernels.triton_launch_config import select_path
 from reference_engine.kv_cache_spec import FullAttentionSpec
 
 DTYPE = torch.bfloat16

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # torch, triton and the kernels load after the arguments are 
     import torch
 
     from benchmarks.attention_cases import Case
-    from kernels.triton_unified_attention import LaunchConfig
+    from kernels.triton_launch_config import LaunchConfig
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,14 @@ def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> lis
 
     from benchmarks.attention_runner import KVCache, step_metadata
     from benchmarks.timing import l2_flush_buffer, time_cuda
-    from kernels.triton_unified_attention import (
+    from kernels.split_kv_scratch import SplitKVScratch
+    from kernels.triton_launch_config import (
         DEFAULT_NUM_SEGMENTS,
         LaunchConfig,
-        SplitKVScratch,
         choose_launch_config,
         select_path,
-        unified_attention,
     )
+    from kernels.triton_unified_attention import unified_attention
 
     cache = KVCache.random(case, device)
     common = step_metadata(case, cache.block_table, device)

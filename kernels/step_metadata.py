@@ -255,60 +255,20 @@ class StepMetadataBuilder:
         start_loc = query_lens.cumsum()
         num_tokens = int(start_loc[-1]) if num_reqs else 0
         padded = num_tokens if num_tokens_padded is None else num_tokens_padded
-        # Not validation, only what keeps the writes inside their regions of the buffer
-        # (numpy would broadcast a one-row table or a one-entry seq_lens silently).
-        if len(seq_lens) != num_reqs or padded < num_tokens:
-            raise ValueError(
-                f"{len(seq_lens)} seq_lens, {num_reqs} query_lens, {num_tokens} tokens padded "
-                f"to {padded}"
-            )
-        widths = []
-        for group_id, table in zip(group_ids, tables, strict=True):
-            if table.ndim != 2 or table.shape[0] != num_reqs:
-                raise ValueError(
-                    f"group {group_id}: block table {table.shape} for {num_reqs} requests"
-                )
-            widths.append(table.shape[1])
+        widths = _table_widths(len(seq_lens), num_reqs, num_tokens, padded, group_ids, tables)
         self._wait_for_previous_copy()
-        layout = self._layout(num_reqs, padded, tuple(widths))
+        layout = self._layout(num_reqs, padded, widths)
 
         layout.start_loc_np[0] = 0
         layout.start_loc_np[1:] = start_loc
-        seq_lens_np = layout.seq_lens_np
-        seq_lens_np[:] = seq_lens
+        layout.seq_lens_np[:] = seq_lens
         for staged, table in zip(layout.tables_np, tables, strict=True):
             staged[:] = table
-
-        # Token t of request r sits at position seq_len[r] - query_len[r] + t - start[r].
-        first_position = seq_lens_np - start_loc  # seq_len - query_len - start, per request
-        positions = layout.positions_np
-        np.add(
-            self._arange_tokens[:num_tokens],
-            first_position.repeat(query_lens),
-            out=positions[:num_tokens],
-        )
-        # Slots of every group at once: block_table[r, p // bs] * bs + p % bs.
-        slots = layout.slots_np
-        if num_tokens and group_ids:
-            block_size = self._block_size_column(group_ids)
-            block_index, offset_in_block = np.divmod(positions[:num_tokens], block_size)
-            index = layout.row_base.repeat(query_lens, axis=1)  # [groups, tokens]
-            index += block_index
-            real_slots = slots[:, :num_tokens]
-            np.multiply(self._np_i32.take(index), block_size, out=real_slots)
-            real_slots += offset_in_block
+        self._fill_positions_and_slots(layout, group_ids, query_lens, start_loc, num_tokens)
         if padded > num_tokens:
-            positions[num_tokens:] = 0
-            slots[:, num_tokens:] = PADDING_SLOT
-
-        if self._device is not self._host:
-            num_bytes = layout.num_bytes
-            self._device[:num_bytes].copy_(self._host[:num_bytes], non_blocking=True)
-            if self._copy_done is not None:
-                # The copy ran on the device's current stream, which need not be the
-                # current device's: record there.
-                self._copy_done.record(torch.cuda.current_stream(self.device))
-                self._copy_pending = True
+            layout.positions_np[num_tokens:] = 0
+            layout.slots_np[:, num_tokens:] = PADDING_SLOT
+        self._start_copy(layout)
 
         shared = {
             "query_start_loc": layout.start_loc,
@@ -318,7 +278,7 @@ class StepMetadataBuilder:
             "positions": layout.positions,
             "num_actual_tokens": num_tokens,
             "max_query_len": int(query_lens.max()) if num_reqs else 0,
-            "max_seq_len": int(seq_lens_np.max()) if num_reqs else 0,
+            "max_seq_len": int(layout.seq_lens_np.max()) if num_reqs else 0,
         }
         common = {}
         for index, group_id in enumerate(group_ids):
@@ -330,6 +290,46 @@ class StepMetadataBuilder:
             )
         return StepMetadata(common=common, positions=layout.positions, num_actual_tokens=num_tokens)
 
+    def _fill_positions_and_slots(
+        self,
+        layout: _Layout,
+        group_ids: tuple[int, ...],
+        query_lens: np.ndarray,
+        start_loc: np.ndarray,
+        num_tokens: int,
+    ) -> None:
+        """The real tokens' positions and every group's slots, in the staged host buffer."""
+        # Token t of request r sits at position seq_len[r] - query_len[r] + t - start[r].
+        first_position = layout.seq_lens_np - start_loc  # seq_len - query_len - start
+        positions = layout.positions_np
+        np.add(
+            self._arange_tokens[:num_tokens],
+            first_position.repeat(query_lens),
+            out=positions[:num_tokens],
+        )
+        if not (num_tokens and group_ids):
+            return
+        # Slots of every group at once: block_table[r, p // bs] * bs + p % bs.
+        block_size = self._block_size_column(group_ids)
+        block_index, offset_in_block = np.divmod(positions[:num_tokens], block_size)
+        index = layout.row_base.repeat(query_lens, axis=1)  # [groups, tokens]
+        index += block_index
+        real_slots = layout.slots_np[:, :num_tokens]
+        np.multiply(self._np_i32.take(index), block_size, out=real_slots)
+        real_slots += offset_in_block
+
+    def _start_copy(self, layout: _Layout) -> None:
+        """Copy the staged bytes to the device buffer without waiting (none on the CPU)."""
+        if self._device is self._host:
+            return
+        num_bytes = layout.num_bytes
+        self._device[:num_bytes].copy_(self._host[:num_bytes], non_blocking=True)
+        if self._copy_done is not None:
+            # The copy ran on the device's current stream, which need not be the
+            # current device's: record there.
+            self._copy_done.record(torch.cuda.current_stream(self.device))
+            self._copy_pending = True
+
     def _block_size_column(self, group_ids: tuple[int, ...]) -> np.ndarray:
         """int64 [groups, 1]: the block size of each group of a pass (cached per group set)."""
         column = self._block_size_columns.get(group_ids)
@@ -337,6 +337,28 @@ class StepMetadataBuilder:
             column = np.array([self.block_sizes[g] for g in group_ids], dtype=np.int64)[:, None]
             self._block_size_columns[group_ids] = column
         return column
+
+
+def _table_widths(
+    num_seq_lens: int,
+    num_reqs: int,
+    num_tokens: int,
+    padded: int,
+    group_ids: tuple[int, ...],
+    tables: Sequence[np.ndarray],
+) -> tuple[int, ...]:
+    """Each group's block-table width. Not validation, only what keeps the writes inside their
+    regions of the buffer (numpy would broadcast a one-row table or a one-entry seq_lens
+    silently)."""
+    if num_seq_lens != num_reqs or padded < num_tokens:
+        raise ValueError(
+            f"{num_seq_lens} seq_lens, {num_reqs} query_lens, {num_tokens} tokens padded "
+            f"to {padded}"
+        )
+    for group_id, table in zip(group_ids, tables, strict=True):
+        if table.ndim != 2 or table.shape[0] != num_reqs:
+            raise ValueError(f"group {group_id}: block table {table.shape} for {num_reqs} requests")
+    return tuple(table.shape[1] for table in tables)
 
 
 def _trusted_metadata(shared: dict, **own) -> CommonAttentionMetadata:

@@ -25,281 +25,26 @@ How the work is cut:
 * Only the key positions some row of the q-block can see are loaded (causal end, sliding-window
   start), through the block table, so cache slots outside them may hold anything.
 
-Tile sizes, rows per program, warps, stages and segment counts are launch parameters
-(``LaunchConfig``) chosen by ``choose_launch_config``; pass ``config=`` to tune them without
-editing the kernels.
+Every decision of a call (path, grids, tile sizes, rows per program, warps, stages, segment
+counts, compile-time constants) is made by ``kernels.triton_launch_plan.plan_launch`` without a
+device; this module holds the kernels and ``launch``, which turns a plan into kernel calls.
+Pass ``config=`` (a ``kernels.triton_launch_config.LaunchConfig``) to tune without editing the
+kernels.
 """
 
 from __future__ import annotations
 
-import math
-import os
-from dataclasses import dataclass, replace
+from functools import partial
 from typing import Literal
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.kv_cache_write import check_query_against_cache
-
-MAX_3D_QUERY_LEN = 8
-"""The longest query (decode, or verify of up to 7 drafts) the split-KV path serves."""
-DEFAULT_NUM_SEGMENTS = 32
-"""KV segments per (q-block, KV head) a builder should allocate scratch for (vLLM's is 16; a
-few requests over long contexts need more to fill one wave on the H200: 16 x 32k at head 256
-took 24)."""
-MIN_LAUNCH_GRID_SIZE_2D = 128
-"""Default 3D threshold numerator: ``seq_threshold_3d = 128 // num_kv_heads`` as in vLLM."""
-MIN_SEGMENTS_3D = 4
-"""Split-KV launches take the fewest whole waves that give every (q-block, KV head) at least
-this many segments. Measured on the H200 (benchmarks.tune_attention, Gemma 4 head 256 and 512,
-decode and verify at 64 x 8k and 16 x 32k, 4 to 32 segments): every fastest count was the one
-that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20 % slower than
-one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
-for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us)."""
-H200_SMS = 132
-H200_WAVE_SLOTS = 3 * H200_SMS
-"""Programs the H200 holds at once for the head-256 decode kernel (168 registers per thread and
-76 KB of shared memory allow 3 per SM, per Nsight Compute)."""
-REGISTERS_PER_SM = 65536
-"""32-bit registers per SM on every NVIDIA GPU since Maxwell."""
-
-Path = Literal["2d", "3d"]
-
-# The interpreter runs tl.dot through numpy, which mishandles bfloat16: operands are upcast to
-# float32 there (after rounding P to the cache dtype, so the rounding matches the GPU path).
-# triton.jit picks the interpreter when a kernel is defined, so the flag is read then too.
-_INTERPRETED = bool(triton.knobs.runtime.interpret)
-_LOG2E = math.log2(math.e)
-
-
-class ScratchTooSmallError(ValueError):
-    """The split-KV scratch does not cover this launch (it was sized for other heads or rows)."""
-
-
-@dataclass(frozen=True, eq=False)
-class SplitKVScratch:
-    """Per-step scratch of the split-KV path, owned by an attention group's metadata builder.
-
-    Shapes follow vLLM's ``softmax_segm_*`` buffers, all float32 and contiguous:
-    ``segm_output`` [rows, num_heads_q, num_segments, head_size_padded], ``segm_max`` and
-    ``segm_expsum`` [rows, num_heads_q, num_segments]. A launch needs ``rows >= num_tokens`` and
-    exactly the query's head count, because the kernels index the buffers with it.
-    """
-
-    segm_output: torch.Tensor
-    segm_max: torch.Tensor
-    segm_expsum: torch.Tensor
-
-    def __post_init__(self) -> None:
-        if self.segm_output.dim() != 4:
-            raise ValueError(
-                "segm_output must be [rows, num_heads_q, num_segments, head_size_padded]; "
-                f"got {tuple(self.segm_output.shape)}"
-            )
-        head_size_padded = self.segm_output.shape[3]
-        if head_size_padded != triton.next_power_of_2(head_size_padded):
-            raise ValueError(f"head_size_padded {head_size_padded} is not a power of two")
-        for name in ("segm_max", "segm_expsum"):
-            tensor = getattr(self, name)
-            if tuple(tensor.shape) != tuple(self.segm_output.shape[:3]):
-                raise ValueError(
-                    f"{name} shape {tuple(tensor.shape)} must equal segm_output's leading "
-                    f"[rows, num_heads_q, num_segments] = {tuple(self.segm_output.shape[:3])}"
-                )
-        for name in ("segm_output", "segm_max", "segm_expsum"):
-            tensor = getattr(self, name)
-            if tensor.dtype != torch.float32 or not tensor.is_contiguous():
-                raise ValueError(f"{name} must be a contiguous float32 tensor")
-            if tensor.device != self.segm_output.device:
-                raise ValueError("the scratch tensors must share a device")
-
-    @classmethod
-    def allocate(
-        cls,
-        rows: int,
-        num_heads_q: int,
-        num_segments: int,
-        head_size: int,
-        device: torch.device | str,
-    ) -> SplitKVScratch:
-        """Uninitialised scratch for ``rows`` query tokens of ``num_heads_q`` heads."""
-        if min(rows, num_heads_q, num_segments, head_size) < 1:
-            raise ValueError(
-                f"scratch sizes must be positive; got rows={rows}, num_heads_q={num_heads_q}, "
-                f"num_segments={num_segments}, head_size={head_size}"
-            )
-        shape = (rows, num_heads_q, num_segments)
-        return cls(
-            segm_output=torch.empty(
-                (*shape, triton.next_power_of_2(head_size)), dtype=torch.float32, device=device
-            ),
-            segm_max=torch.empty(shape, dtype=torch.float32, device=device),
-            segm_expsum=torch.empty(shape, dtype=torch.float32, device=device),
-        )
-
-    @property
-    def rows(self) -> int:
-        return self.segm_output.shape[0]
-
-    @property
-    def num_heads_q(self) -> int:
-        return self.segm_output.shape[1]
-
-    @property
-    def num_segments(self) -> int:
-        return self.segm_output.shape[2]
-
-    @property
-    def head_size_padded(self) -> int:
-        return self.segm_output.shape[3]
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """The tunable launch parameters of one attention call.
-
-    ``block_m``: rows (query tokens x grouped heads) per program, a power of two >= 16 and >=
-    the group size. ``tile_size``: keys per inner-loop step, a power of two >= 16.
-    ``num_segments``: KV segments of a split-KV launch (ignored by 2D), at most the scratch's.
-    ``merge_heads_per_program``: query heads per program of the split-KV merge.
-    """
-
-    block_m: int
-    tile_size: int
-    num_warps: int
-    num_stages: int
-    num_segments: int = 1
-    merge_heads_per_program: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("block_m", "tile_size"):
-            value = getattr(self, name)
-            if value < 16 or value != triton.next_power_of_2(value):
-                raise ValueError(f"{name} must be a power of two >= 16; got {value}")
-        if min(self.num_warps, self.num_stages, self.num_segments) < 1:
-            raise ValueError(f"num_warps, num_stages and num_segments must be >= 1: {self}")
-        heads = self.merge_heads_per_program
-        if heads < 1 or heads != triton.next_power_of_2(heads):
-            raise ValueError(f"merge_heads_per_program must be a power of two; got {heads}")
-
-    def block_q(self, group_size: int) -> int:
-        """Query tokens per program."""
-        return self.block_m // group_size
-
-
-def rows_per_program(group_size: int, max_query_len: int, head_size: int) -> int:
-    """``block_m``: enough rows for every token of a short query (so verify reads KV once),
-    capped by the accumulator's register footprint for wide heads, never below 16 or G."""
-    head_size_padded = _dot_head_size(head_size)
-    cap = min(128, max(16, 16384 // head_size_padded))
-    wanted = min(cap, triton.next_power_of_2(group_size * max(max_query_len, 1)))
-    return max(16, triton.next_power_of_2(group_size), wanted)
-
-
-def choose_launch_config(
-    *,
-    num_heads_q: int,
-    num_kv_heads: int,
-    head_size: int,
-    num_seqs: int,
-    max_query_len: int,
-    max_seq_len: int,
-    path: Path,
-    max_segments: int = DEFAULT_NUM_SEGMENTS,
-    wave_slots: int = H200_WAVE_SLOTS,
-) -> LaunchConfig:
-    """The heuristic launch parameters.
-
-    Decode and short verify are bandwidth-bound: 32 KiB of K and V per tile at head <= 256,
-    two pipeline stages (measured on the H200). Prefill is compute-bound: wider q-blocks. Split-KV
-    fills whole waves of ``wave_slots`` resident programs (``split_kv_segments``);
-    ``unified_attention`` measures them from the compiled kernel.
-    """
-    group_size = num_heads_q // num_kv_heads
-    head_size_padded = _dot_head_size(head_size)
-    block_m = rows_per_program(group_size, max_query_len, head_size)
-    bandwidth_bound = max_query_len <= MAX_3D_QUERY_LEN
-    if bandwidth_bound:
-        # Tuned on the H200 (benchmarks.tune_attention): 64-key tiles up to head 256, 32 at
-        # head 512, four warps and two stages were fastest for decode, verify and draft alike.
-        tile_size = 64 if head_size_padded <= 256 else 32
-        num_warps = 4
-    else:
-        tile_size = min(64, max(16, 8192 // head_size_padded))
-        num_warps = 8 if block_m * head_size_padded >= 16384 else 4
-    num_stages = 2
-    num_segments = 1
-    if path == "3d":
-        block_q = block_m // group_size
-        num_segments = split_kv_segments(
-            kv_programs=num_seqs * triton.cdiv(max_query_len, block_q) * num_kv_heads,
-            num_tiles=triton.cdiv(max(max_seq_len, 1), tile_size),
-            wave_slots=wave_slots,
-            max_segments=max_segments,
-        )
-    # The interpreter pays per program, a GPU wants many small ones.
-    merge_heads = triton.next_power_of_2(num_heads_q) if _INTERPRETED else 1
-    return LaunchConfig(
-        block_m, tile_size, num_warps, num_stages, max(num_segments, 1), merge_heads
-    )
-
-
-def split_kv_segments(
-    *, kv_programs: int, num_tiles: int, wave_slots: int, max_segments: int
-) -> int:
-    """Segments per (q-block, KV head): the fewest whole waves of ``wave_slots`` programs that
-    give each of the ``kv_programs`` at least ``MIN_SEGMENTS_3D`` segments, as many segments as
-    those waves hold, capped by the scratch and by one tile per segment.
-
-    A launch that spills a few programs into a last partial wave waits for them with most SMs
-    idle; every program reads about the same bytes, so whole waves finish together.
-    """
-    kv_programs = max(kv_programs, 1)
-    waves = triton.cdiv(MIN_SEGMENTS_3D * kv_programs, wave_slots)
-    return max(1, min(waves * wave_slots // kv_programs, max_segments, num_tiles))
-
-
-def select_path(
-    *,
-    num_seqs: int,
-    max_query_len: int,
-    num_heads_q: int,
-    num_kv_heads: int,
-    head_size: int,
-    has_scratch: bool,
-    path: Literal["auto", "2d", "3d"] = "auto",
-    seq_threshold_3d: int | None = None,
-) -> Path:
-    """2D or split-KV 3D for this batch.
-
-    "auto" picks 3D when scratch is given, ``max_query_len <= MAX_3D_QUERY_LEN`` (decode and
-    short verify; vLLM takes 3D for decode only) and the 2D grid would be small:
-    ``num_seqs * cdiv(max_query_len, block_q) <= seq_threshold_3d`` (default
-    ``128 // num_kv_heads``). "3d" forces split-KV and raises where it cannot run.
-    """
-    if path == "2d":
-        return "2d"
-    if path not in ("auto", "3d"):
-        raise ValueError(f"path must be 'auto', '2d' or '3d'; got {path!r}")
-    allowed = has_scratch and max_query_len <= MAX_3D_QUERY_LEN
-    if path == "3d":
-        if not allowed:
-            raise ValueError(
-                "path='3d' needs split-KV scratch and max_query_len <= "
-                f"{MAX_3D_QUERY_LEN}; got scratch={'yes' if has_scratch else 'none'}, "
-                f"max_query_len={max_query_len}"
-            )
-        return "3d"
-    if not allowed:
-        return "2d"
-    if seq_threshold_3d is None:
-        seq_threshold_3d = max(1, MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads)
-    group_size = num_heads_q // num_kv_heads
-    block_q = rows_per_program(group_size, max_query_len, head_size) // group_size
-    q_blocks = num_seqs * triton.cdiv(max_query_len, block_q)
-    return "3d" if q_blocks <= seq_threshold_3d else "2d"
+from kernels.split_kv_scratch import SplitKVScratch
+from kernels.triton_launch_config import LaunchConfig
+from kernels.triton_launch_plan import AttentionTensors, LaunchPlan, plan_launch
+from kernels.triton_occupancy import measure_wave_slots
 
 
 def unified_attention(
@@ -328,258 +73,94 @@ def unified_attention(
     grid and segments are sized by them). Output rows of tokens past
     ``query_start_loc[-1]`` (CUDA-graph padding) are left untouched. Returns ``output``.
     """
-    _check_inputs(query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table)
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1 or None; got {sliding_window}")
-    if logits_soft_cap is not None and not logits_soft_cap > 0:
-        raise ValueError(f"logits_soft_cap must be > 0 or None; got {logits_soft_cap}")
-    if not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be finite; got {sm_scale}")
-    num_tokens, num_heads_q, head_size = query.shape
-    num_kv_heads = key_cache.shape[2]
-    num_seqs = seq_lens.shape[0]
-    if num_tokens == 0 or num_seqs == 0:
-        return output
-    if max_query_len < 1 or max_seq_len < max_query_len:
-        raise ValueError(
-            f"need 1 <= max_query_len <= max_seq_len; got {max_query_len} and {max_seq_len}"
-        )
-
-    chosen = select_path(
-        num_seqs=num_seqs,
+    tensors = AttentionTensors(
+        query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table, scratch
+    )
+    plan = plan_launch(
+        tensors,
         max_query_len=max_query_len,
-        num_heads_q=num_heads_q,
-        num_kv_heads=num_kv_heads,
-        head_size=head_size,
-        has_scratch=scratch is not None,
+        max_seq_len=max_seq_len,
+        sm_scale=sm_scale,
+        wave_slots=partial(wave_slots_of, tensors),
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
         path=path,
         seq_threshold_3d=seq_threshold_3d,
+        config=config,
     )
-    auto_config = config is None
-    if config is None:
-        config = choose_launch_config(
-            num_heads_q=num_heads_q,
-            num_kv_heads=num_kv_heads,
-            head_size=head_size,
-            num_seqs=num_seqs,
-            max_query_len=max_query_len,
-            max_seq_len=max_seq_len,
-            path=chosen,
-            max_segments=scratch.num_segments if scratch is not None else DEFAULT_NUM_SEGMENTS,
-        )
-    group_size = num_heads_q // num_kv_heads
-    if config.block_m < group_size:
-        raise ValueError(f"block_m {config.block_m} is below the group size {group_size}")
-    if chosen == "3d":
-        assert scratch is not None
-        segments = (scratch.segm_output, scratch.segm_max, scratch.segm_expsum)
-        scratch_segments = scratch.num_segments
-    else:
-        segments = (output, output, output)  # unused by the 2D kernel
-        scratch_segments = 1
-
-    block_q = config.block_q(group_size)
-    q_blocks_per_seq = triton.cdiv(max_query_len, block_q)
-    grid_q_blocks = (
-        num_seqs * q_blocks_per_seq if chosen == "3d" else num_tokens // block_q + num_seqs
-    )
-    qk_scale = sm_scale if logits_soft_cap is not None else sm_scale * _LOG2E
-
-    def kernel_arguments(num_segments: int) -> list:
-        return [
-            output,
-            query,
-            key_cache,
-            value_cache,
-            block_table,
-            seq_lens,
-            query_start_loc,
-            *segments,
-            qk_scale,
-            logits_soft_cap or 0.0,
-            sliding_window or 0,
-            num_seqs,
-            num_segments,
-            q_blocks_per_seq,
-            query.stride(0),
-            query.stride(1),
-            output.stride(0),
-            output.stride(1),
-            *key_cache.stride()[:3],  # block, offset in block, head
-            *value_cache.stride()[:3],
-            block_table.stride(0),
-        ]
-
-    constexprs = dict(
-        NUM_HEADS_Q=num_heads_q,
-        GROUP_SIZE=group_size,
-        HEAD_SIZE=head_size,
-        HEAD_SIZE_PADDED=_dot_head_size(head_size),
-        SCRATCH_ROW=triton.next_power_of_2(head_size),
-        BLOCK_SIZE=key_cache.shape[1],
-        TILE_SIZE=config.tile_size,
-        BLOCK_M=config.block_m,
-        BLOCK_Q=block_q,
-        SCRATCH_SEGMENTS=scratch_segments,
-        USE_SOFTCAP=logits_soft_cap is not None,
-        USE_SLIDING_WINDOW=sliding_window is not None,
-        SPLIT_KV=chosen == "3d",
-        DOT_IN_FP32=_INTERPRETED,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
-    if chosen == "3d":
-        assert scratch is not None
-        if auto_config:
-            num_segments = split_kv_segments(
-                kv_programs=grid_q_blocks * num_kv_heads,
-                num_tiles=triton.cdiv(max_seq_len, config.tile_size),
-                wave_slots=_wave_slots(kernel_arguments(1), constexprs, query.device),
-                max_segments=scratch.num_segments,
-            )
-            config = replace(config, num_segments=num_segments)
-        check_scratch(scratch, query, config.num_segments)
-    grid_segments = config.num_segments if chosen == "3d" else 1
-    _unified_attention_kernel[(grid_q_blocks, num_kv_heads, grid_segments)](
-        *kernel_arguments(grid_segments), **constexprs
-    )
-    if chosen == "3d":
-        merge_heads = config.merge_heads_per_program
-        _merge_segments_kernel[(num_tokens, triton.cdiv(num_heads_q, merge_heads))](
-            output,
-            *segments,
-            query_start_loc,
-            num_seqs,
-            grid_segments,
-            output.stride(0),
-            output.stride(1),
-            NUM_HEADS_Q=num_heads_q,
-            HEADS_PER_PROGRAM=merge_heads,
-            SCRATCH_SEGMENTS=scratch_segments,
-            SEGMENTS_PADDED=triton.next_power_of_2(scratch_segments),
-            HEAD_SIZE=head_size,
-            HEAD_SIZE_PADDED=triton.next_power_of_2(head_size),
-            num_warps=4,
-        )
+    if plan is not None:
+        launch(plan, tensors)
     return output
 
 
-def resident_programs_per_sm(
-    *,
-    registers_per_thread: int,
-    shared_bytes: int,
-    num_warps: int,
-    max_threads_per_sm: int,
-    shared_bytes_per_sm: int,
-    warp_size: int = 32,
-) -> int:
-    """Programs of a compiled kernel one SM holds at once: the tightest of its register file
-    (allocated per warp in 256-register units), shared memory (1 KiB reserved per program) and
-    thread limits. Nsight Compute's "Block Limit" figures follow the same rules."""
-    registers_per_warp = triton.cdiv(registers_per_thread * warp_size, 256) * 256
-    by_registers = REGISTERS_PER_SM // (registers_per_warp * num_warps)
-    by_shared = shared_bytes_per_sm // (shared_bytes + 1024)
-    by_threads = max_threads_per_sm // (num_warps * warp_size)
-    return max(1, min(by_registers, by_shared, by_threads))
-
-
-_WAVE_SLOTS: dict[tuple, int] = {}
-
-
-def _wave_slots(arguments: list, constexprs: dict, device: torch.device) -> int:
-    """Programs of this kernel variant the device runs at once. On a GPU: SMs times resident
-    programs, from the compiled kernel's registers and shared memory (compiled ahead of its
-    first launch, as Triton's softmax tutorial does, and cached per variant). Under the
-    interpreter: one program per CPU core."""
-    if device.type != "cuda":
-        return os.cpu_count() or 1
-    key = (device.index, arguments[1].dtype, *constexprs.values())  # one dict literal: fixed order
-    if key not in _WAVE_SLOTS:
-        kernel = _unified_attention_kernel.warmup(*arguments, grid=(1,), **constexprs)
-        kernel._init_handles()
-        properties = torch.cuda.get_device_properties(device)
-        resident = resident_programs_per_sm(
-            registers_per_thread=kernel.n_regs,
-            shared_bytes=kernel.metadata.shared,
-            num_warps=constexprs["num_warps"],
-            max_threads_per_sm=properties.max_threads_per_multi_processor,
-            shared_bytes_per_sm=properties.shared_memory_per_multiprocessor,
-        )
-        _WAVE_SLOTS[key] = properties.multi_processor_count * resident
-    return _WAVE_SLOTS[key]
-
-
-def _dot_head_size(head_size: int) -> int:
-    """The head dimension the kernel computes with: a power of two, and >= 16 for tl.dot."""
-    return max(16, triton.next_power_of_2(head_size))
-
-
-def check_scratch(scratch: SplitKVScratch, query: torch.Tensor, num_segments: int) -> None:
-    """Raise ScratchTooSmallError unless ``scratch`` covers a split-KV launch for ``query``
-    with ``num_segments`` segments: the kernels index it by the query's head count and token."""
-    num_tokens, num_heads_q, head_size = query.shape
-    problems = []
-    if scratch.num_heads_q != num_heads_q:
-        problems.append(f"num_heads_q: scratch {scratch.num_heads_q}, query {num_heads_q}")
-    if scratch.rows < num_tokens:
-        problems.append(f"rows: scratch {scratch.rows}, needed {num_tokens} tokens")
-    if scratch.num_segments < num_segments:
-        problems.append(f"segments: scratch {scratch.num_segments}, launch {num_segments}")
-    if scratch.head_size_padded != triton.next_power_of_2(head_size):
-        problems.append(
-            f"head_size_padded: scratch {scratch.head_size_padded}, "
-            f"needed {triton.next_power_of_2(head_size)}"
-        )
-    if scratch.segm_output.device != query.device:
-        problems.append(f"device: scratch {scratch.segm_output.device}, query {query.device}")
-    if problems:
-        raise ScratchTooSmallError(
-            "split-KV scratch does not cover this launch (" + "; ".join(problems) + "); size it "
-            "by the attention group's num_heads_q and at least the step's query tokens"
+def launch(plan: LaunchPlan, tensors: AttentionTensors) -> None:
+    """Run ``plan`` on ``tensors``: the attention kernel, then on the split-KV path the merge."""
+    attention = plan.attention
+    _unified_attention_kernel[attention.grid](
+        *_attention_arguments(plan, tensors), **attention.constexprs, **attention.options
+    )
+    if plan.merge is not None:
+        output = tensors.output
+        _merge_segments_kernel[plan.merge.grid](
+            output,
+            *_segment_buffers(plan, tensors),
+            tensors.query_start_loc,
+            plan.num_seqs,
+            plan.num_segments,
+            output.stride(0),
+            output.stride(1),
+            **plan.merge.constexprs,
+            **plan.merge.options,
         )
 
 
-def _check_inputs(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    output: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-) -> None:
-    """Shape, dtype and layout checks that need no device sync."""
-    check_query_against_cache(query, key_cache, value_cache)
-    if output.shape != query.shape:
-        raise ValueError(f"output shape {tuple(output.shape)} != query shape {tuple(query.shape)}")
-    if not (query.dtype == key_cache.dtype == value_cache.dtype):
-        raise ValueError(
-            f"query, key_cache and value_cache must share a dtype; got {query.dtype}, "
-            f"{key_cache.dtype}, {value_cache.dtype}"
-        )
-    if query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"unsupported dtype {query.dtype}")
-    named = {"query": query, "output": output, "key_cache": key_cache, "value_cache": value_cache}
-    for name, tensor in named.items():
-        if tensor.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its head dimension")
-    num_seqs = seq_lens.shape[0] if seq_lens.dim() == 1 else -1
-    if (
-        num_seqs < 0
-        or query_start_loc.shape != (num_seqs + 1,)
-        or block_table.dim() != 2
-        or block_table.shape[0] < num_seqs
-    ):
-        raise ValueError(
-            "need seq_lens [num_seqs], query_start_loc [num_seqs + 1] and block_table "
-            f"[num_seqs, max_blocks]; got {tuple(seq_lens.shape)}, "
-            f"{tuple(query_start_loc.shape)}, {tuple(block_table.shape)}"
-        )
-    indices = {"seq_lens": seq_lens, "query_start_loc": query_start_loc, "block_table": block_table}
-    for name, tensor in indices.items():
-        if tensor.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name} must be int32 or int64; got {tensor.dtype}")
+def wave_slots_of(tensors: AttentionTensors, plan: LaunchPlan) -> int:
+    """The occupancy probe of ``plan_launch``: programs of the planned attention kernel the
+    tensors' device runs at once (compiles the kernel variant once on a GPU)."""
+    return measure_wave_slots(
+        _unified_attention_kernel,
+        _attention_arguments(plan, tensors),
+        plan.attention.constexprs,
+        plan.attention.options,
+        tensors.query.device,
+    )
+
+
+def _segment_buffers(plan: LaunchPlan, tensors: AttentionTensors) -> tuple[torch.Tensor, ...]:
+    """The split-KV scratch buffers; the 2D kernel never touches them, so it gets the output."""
+    scratch = tensors.scratch
+    if plan.path == "2d":
+        return (tensors.output,) * 3
+    assert scratch is not None  # plan_launch plans split-KV only with scratch
+    return (scratch.segm_output, scratch.segm_max, scratch.segm_expsum)
+
+
+def _attention_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> list:
+    """The attention kernel's runtime arguments, in its signature's order."""
+    query, output = tensors.query, tensors.output
+    return [
+        output,
+        query,
+        tensors.key_cache,
+        tensors.value_cache,
+        tensors.block_table,
+        tensors.seq_lens,
+        tensors.query_start_loc,
+        *_segment_buffers(plan, tensors),
+        plan.qk_scale,
+        plan.soft_cap,
+        plan.sliding_window,
+        plan.num_seqs,
+        plan.num_segments,
+        plan.q_blocks_per_seq,
+        query.stride(0),
+        query.stride(1),
+        output.stride(0),
+        output.stride(1),
+        *tensors.key_cache.stride()[:3],  # block, offset in block, head
+        *tensors.value_cache.stride()[:3],
+        tensors.block_table.stride(0),
+    ]
 
 
 @triton.jit

@@ -27,13 +27,13 @@ from kernels.backend import (
 )
 from kernels.backends.common import check_launch_shapes, describe_builder
 from kernels.metadata import CommonAttentionMetadata
-from kernels.triton_unified_attention import (
+from kernels.split_kv_scratch import SplitKVScratch
+from kernels.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     MAX_3D_QUERY_LEN,
     MIN_LAUNCH_GRID_SIZE_2D,
-    SplitKVScratch,
-    unified_attention,
 )
+from kernels.triton_unified_attention import unified_attention
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from kernels.backend import MIXED_HEADS_MESSAGE, AttentionLayerParams
 from kernels.backends.common import HeadCountMismatchError
 from kernels.backends.triton_attn import TritonAttentionMetadataBuilder
 from kernels.registry import get_backend
-from kernels.triton_unified_attention import DEFAULT_NUM_SEGMENTS, ScratchTooSmallError
+from kernels.split_kv_scratch import ScratchTooSmallError
+from kernels.triton_launch_config import DEFAULT_NUM_SEGMENTS
 from reference_engine.attention_groups import AttentionGroup, GroupingPolicy
 from reference_engine.kv_cache_spec import FullAttentionSpec
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair

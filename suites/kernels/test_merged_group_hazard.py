@@ -34,7 +34,7 @@ from kernels.attention_oracle import paged_attention_reference
 from kernels.backend import AttentionLayerParams
 from kernels.backends.common import HeadCountMismatchError
 from kernels.registry import get_backend
-from kernels.triton_unified_attention import ScratchTooSmallError
+from kernels.split_kv_scratch import ScratchTooSmallError
 from reference_engine.attention_groups import GroupingPolicy
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 from suites.kernels.backend_harness import (

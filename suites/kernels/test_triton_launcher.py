@@ -11,22 +11,20 @@ from dataclasses import asdict, dataclass
 import pytest
 import torch
 
-from kernels import triton_unified_attention
+from kernels import triton_occupancy
 from kernels.attention_oracle import paged_attention_reference
-from kernels.triton_unified_attention import (
+from kernels.split_kv_scratch import ScratchTooSmallError, SplitKVScratch
+from kernels.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
-    H200_SMS,
     MAX_3D_QUERY_LEN,
     MIN_SEGMENTS_3D,
     LaunchConfig,
-    ScratchTooSmallError,
-    SplitKVScratch,
     choose_launch_config,
-    resident_programs_per_sm,
     select_path,
     split_kv_segments,
-    unified_attention,
 )
+from kernels.triton_occupancy import H200_SMS, resident_programs_per_sm
+from kernels.triton_unified_attention import unified_attention
 from suites.kernels.batches import (
     BATCHES_CPU,
     RELATIVE_ERROR_BOUND,
@@ -215,10 +213,10 @@ def test_wave_slots_come_from_the_compiled_kernel() -> None:
     device = torch.device("cuda")
     batch = _batch(BatchSpec.decode(4, 700, 900, 1200), device=device)
     scratch = SplitKVScratch.allocate(4, 8, DEFAULT_NUM_SEGMENTS, 64, device)
-    triton_unified_attention._WAVE_SLOTS.clear()
+    triton_occupancy._WAVE_SLOTS.clear()
     output = torch.full_like(batch.query, float("nan"))
     _launch(batch, output, scratch=scratch, path="3d")
-    (slots,) = triton_unified_attention._WAVE_SLOTS.values()
+    (slots,) = triton_occupancy._WAVE_SLOTS.values()
     properties = torch.cuda.get_device_properties(device)
     sms = properties.multi_processor_count
     assert slots % sms == 0

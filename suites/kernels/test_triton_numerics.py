@@ -21,13 +21,9 @@ import pytest
 import torch
 
 from kernels.attention_oracle import paged_attention_reference
-from kernels.triton_unified_attention import (
-    DEFAULT_NUM_SEGMENTS,
-    LaunchConfig,
-    SplitKVScratch,
-    choose_launch_config,
-    unified_attention,
-)
+from kernels.split_kv_scratch import SplitKVScratch
+from kernels.triton_launch_config import DEFAULT_NUM_SEGMENTS, LaunchConfig, choose_launch_config
+from kernels.triton_unified_attention import unified_attention
 from suites.kernels.batches import (
     BATCHES_CPU,
     BATCHES_GPU,
