@@ -115,11 +115,6 @@ class ModelPair:
         }
 
 
-def kv_sharing_of(layers: list[LayerDescription]) -> dict[str, str]:
-    """Shared layer -> the layer whose KV cache it reads."""
-    return {layer.name: layer.kv_sharing_target for layer in layers if layer.kv_sharing_target}
-
-
 # --- the registry -------------------------------------------------------------------------------
 
 

@@ -192,7 +192,8 @@ class ModelRunner:
         plan = plan_grouping(layers, policy, block_size, self.dtype)
         plan.raise_on_error()  # a grouping error is the model's, whatever the device: report it first
         _check_kv_write_available(self.device)
-        self.layers: dict[str, LayerDescription] = {layer.name: layer for layer in layers}
+        # As planned: a KV-sharing layer carries its cache owner.
+        self.layers: dict[str, LayerDescription] = {layer.name: layer for layer in plan.layers}
         self.kv_cache_groups: tuple[KVCacheGroupSpec, ...] = plan.kv_cache_groups
         self.attention_groups: tuple[tuple[AttentionGroup, ...], ...] = tuple(
             tuple(entry.group for entry in row) for row in plan.attention_groups

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from reference_engine.kv_cache_spec import AttentionSpec, KVCacheGroupSpec, MambaSpec
+from reference_engine.kv_sharing import with_kv_cache_owners
 from reference_engine.layers import LayerDescription
 
 KVCaches = dict[str, tuple[torch.Tensor, torch.Tensor]]
@@ -23,7 +24,8 @@ def allocate_caches(
     """Zeroed caches of ``num_blocks`` blocks per layer, each with its own spec
     inside its group: attention ``[num_blocks, block_size, kv_heads, head_size]``
     for keys and values, state layers ``[num_blocks, *state]``. A KV-sharing
-    layer gets its owner's tensors (the end of its chain, on its description)."""
+    layer gets its owner's tensors (the end of its chain, read from its
+    description; resolved first when the descriptions do not carry it)."""
     kv_caches: KVCaches = {}
     state_caches: StateCaches = {}
     for group in kv_cache_groups:
@@ -45,10 +47,7 @@ def allocate_caches(
                 )
             else:
                 raise TypeError(f"layer {name}: no cache layout for {type(spec).__name__}")
-    for name, layer in layers.items():
+    for layer in with_kv_cache_owners(layers.values()):
         if layer.kv_sharing_target is not None:
-            source = layer.kv_sharing_target
-            while layers[source].kv_sharing_target is not None:
-                source = layers[source].kv_sharing_target
-            kv_caches[name] = kv_caches[source]
+            kv_caches[layer.name] = kv_caches[layer.cache_layer]
     return kv_caches, state_caches
