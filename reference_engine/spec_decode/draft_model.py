@@ -27,11 +27,8 @@ class DraftModelDrafter(OwnKVDrafter):
         generator: torch.Generator | None,
     ) -> DraftSteps:
         """Catch the draft's cache up on the tokens it has not seen, then decode k tokens."""
-        draft, device, forward_context = (
-            self.inputs.model,
-            self.inputs.device,
-            self.inputs.forward_context,
-        )
+        draft, device = self.inputs.model, self.inputs.device
+        forward_context = self.inputs.forward_context
         lengths = [len(r.token_ids) for r in requests]
         starts = [self._valid_entries[r.request_id] for r in requests]
         rows = StepRows(

@@ -28,11 +28,8 @@ class HiddenConditionedDrafter(OwnKVDrafter):
         generator: torch.Generator | None,
     ) -> DraftSteps:
         """Catch up entries up to L - 2, then k - 1 steps fed with the draft's own hidden output."""
-        draft, device, forward_context = (
-            self.inputs.model,
-            self.inputs.device,
-            self.inputs.forward_context,
-        )
+        draft, device = self.inputs.model, self.inputs.device
+        forward_context = self.inputs.forward_context
         lengths = [len(r.token_ids) for r in requests]
         starts = [self._valid_entries[r.request_id] for r in requests]
         rows = StepRows(
