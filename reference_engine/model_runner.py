@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,7 @@ from reference_engine.step_rows import StepRows
 from reference_engine.weights import pair_weight_files
 
 #: The drafting method of each kind of draft (``reference_engine.models.draft_kind_of``).
-DRAFTERS: dict[DraftKind, type[Drafter]] = {
+DRAFTERS: dict[DraftKind, Callable[[DraftInputs], Drafter]] = {
     DraftKind.DRAFT_MODEL: DraftModelDrafter,
     DraftKind.HIDDEN_CONDITIONED: HiddenConditionedDrafter,
     DraftKind.CONSTANT_POSITION: ConstantPositionDrafter,
