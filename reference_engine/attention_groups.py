@@ -26,6 +26,7 @@ from kernels.backend import (
 from kernels.registry import get_backend
 from reference_engine.grouping_policy import GroupingPolicy
 from reference_engine.kv_cache_spec import KVCacheGroupSpec, KVCacheSpec
+from reference_engine.kv_sharing import with_kv_cache_owners
 from reference_engine.layers import LayerDescription
 
 __all__ = [
@@ -95,17 +96,6 @@ class AttentionGroup:
         return self.metadata_builders[ubatch_id]
 
 
-def _per_layer_spec(
-    kv_group: KVCacheGroupSpec, layer: LayerDescription, layers: Mapping[str, LayerDescription]
-) -> KVCacheSpec:
-    """The layer's spec inside its KV-cache group; a KV-sharing layer has
-    none of its own and uses its target's."""
-    source = layer.name
-    while layers[source].kv_sharing_target is not None:
-        source = layers[source].kv_sharing_target
-    return kv_group.spec_for(source)
-
-
 def group_attention_layers(
     kv_cache_groups: Sequence[KVCacheGroupSpec],
     layers: Sequence[LayerDescription] | Mapping[str, LayerDescription],
@@ -114,9 +104,12 @@ def group_attention_layers(
     """Attention groups per KV-cache group, indexed [kv_cache_group][attention_group].
 
     Layer order inside a group follows the KV-cache group; groups appear in
-    first-seen order. Non-attention layers have ``num_heads_q`` 0.
+    first-seen order. Non-attention layers have ``num_heads_q`` 0. A KV-sharing
+    layer has no spec of its own and takes its cache owner's (read from its
+    description; resolved here first when the descriptions do not carry it).
     """
-    by_name = layers if isinstance(layers, Mapping) else {layer.name: layer for layer in layers}
+    described = layers.values() if isinstance(layers, Mapping) else layers
+    by_name = {layer.name: layer for layer in with_kv_cache_owners(described)}
     policy = GroupingPolicy(policy)
     result: list[list[AttentionGroup]] = []
     for group_id, kv_group in enumerate(kv_cache_groups):
@@ -130,7 +123,7 @@ def group_attention_layers(
                 ) from None
             key = AttentionGroupKey(
                 get_backend(layer.backend),
-                _per_layer_spec(kv_group, layer, by_name),
+                kv_group.spec_for(layer.cache_layer),
                 layer.num_heads_q,
             )
             dedup = key.dedup_key(policy)

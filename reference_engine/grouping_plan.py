@@ -17,8 +17,8 @@ from reference_engine.attention_groups import (
 )
 from reference_engine.kv_cache_groups import get_kv_cache_groups
 from reference_engine.kv_cache_spec import KVCacheGroupSpec
+from reference_engine.kv_sharing import kv_cache_owners_of, with_kv_cache_owners
 from reference_engine.layers import LayerDescription
-from reference_engine.model_pairs import kv_sharing_of
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class GroupPlanEntry:
 
 @dataclass(frozen=True)
 class GroupingPlan:
+    # The layers as planned: every KV-sharing layer carries its cache owner (``kv_cache_owner``).
+    layers: tuple[LayerDescription, ...]
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
     attention_groups: tuple[tuple[GroupPlanEntry, ...], ...]
 
@@ -60,19 +62,23 @@ def plan_grouping(
     dtype: torch.dtype = torch.float32,
 ) -> GroupingPlan:
     """Specs, KV-cache groups and attention groups for ``layers``, and for
-    each attention group the head count its builders' strict check yields."""
+    each attention group the head count its builders' strict check yields.
+
+    KV-sharing chains are resolved here, once: the plan's layers carry each
+    sharing layer's owner, which the groupings and the runner read."""
+    layers = with_kv_cache_owners(layers)
     specs = {
         layer.name: spec
         for layer in layers
         if (spec := layer.kv_cache_spec(block_size, dtype)) is not None
     }
-    kv_groups = get_kv_cache_groups(specs, kv_sharing_of(list(layers)))
+    kv_groups = get_kv_cache_groups(specs, kv_cache_owners_of(layers))
     by_name = {layer.name: layer for layer in layers}
     rows = tuple(
         tuple(_plan_entry(group, by_name) for group in per_kv)
         for per_kv in group_attention_layers(kv_groups, by_name, GroupingPolicy(policy))
     )
-    return GroupingPlan(tuple(kv_groups), rows)
+    return GroupingPlan(tuple(layers), tuple(kv_groups), rows)
 
 
 def _plan_entry(group: AttentionGroup, by_name: dict[str, LayerDescription]) -> GroupPlanEntry:

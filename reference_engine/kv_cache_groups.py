@@ -21,7 +21,7 @@ Every layer ends up in exactly one group (checked, not assumed).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -79,11 +79,14 @@ def get_kv_cache_groups(
 
 
 def resolve_kv_sharing_targets(
-    specs: Mapping[str, KVCacheSpec], kv_sharing: Mapping[str, str]
+    specs: Collection[str], kv_sharing: Mapping[str, str]
 ) -> dict[str, str]:
-    """Each KV-sharing layer's final target: a layer with a spec of its own.
+    """Each KV-sharing layer's final target: a layer with a spec of its own
+    (``specs``: those layers' names, or a mapping keyed by them).
 
-    Chains (``a`` reads ``b``, which reads ``c``) are followed to ``c``.
+    Chains (``a`` reads ``b``, which reads ``c``) are followed to ``c``. The
+    engine's one chain resolver: ``get_kv_cache_groups`` and, on layer
+    descriptions, ``reference_engine.kv_sharing.with_kv_cache_owners`` call it.
     """
     resolved: dict[str, str] = {}
     for shared_layer, target in kv_sharing.items():

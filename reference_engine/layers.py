@@ -46,7 +46,10 @@ class LayerDescription:
     ``num_heads_q`` and ``num_kv_heads`` are per-rank counts. A KV-sharing
     layer (Gemma 4's shared layers, the Gemma 4 assistant's Q-only layers)
     names the layer whose cache it reads in ``kv_sharing_target`` and owns no
-    cache of its own. Non-attention layers have ``num_heads_q == 0``.
+    cache of its own; that layer may share in turn. ``kv_cache_owner`` is the
+    end of the chain, set once where grouping is planned
+    (``reference_engine.kv_sharing.with_kv_cache_owners``); everything after
+    reads it through ``cache_layer``. Non-attention layers have ``num_heads_q == 0``.
     """
 
     name: str
@@ -60,6 +63,9 @@ class LayerDescription:
     sm_scale: float = 1.0
     logits_soft_cap: float | None = None
     kv_sharing_target: str | None = None
+    # The layer that owns the cache a KV-sharing layer reads (its chain followed);
+    # None on a layer with a cache of its own, and on a sharing layer not yet resolved.
+    kv_cache_owner: str | None = None
     mamba_state_shapes: tuple[tuple[int, ...], ...] = ()
 
     @property
@@ -69,6 +75,20 @@ class LayerDescription:
     @property
     def is_draft(self) -> bool:
         return self.role is Role.DRAFT
+
+    @property
+    def cache_layer(self) -> str:
+        """The layer whose KV cache this layer uses: itself, or the owner at the
+        end of its KV-sharing chain."""
+        if self.kv_sharing_target is None:
+            return self.name
+        if self.kv_cache_owner is None:
+            raise ValueError(
+                f"layer {self.name} reads the KV cache of {self.kv_sharing_target!r}, but the "
+                "owner at the end of that chain is not resolved: pass the layers through "
+                "reference_engine.kv_sharing.with_kv_cache_owners first (plan_grouping does)"
+            )
+        return self.kv_cache_owner
 
     def kv_cache_spec(self, block_size: int, dtype: torch.dtype) -> KVCacheSpec | None:
         """This layer's own spec, or None for a KV-sharing layer (it uses its target's)."""

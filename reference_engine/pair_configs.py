@@ -19,16 +19,13 @@ from typing import Any
 
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
+from reference_engine.family_layers import DENSE_FAMILIES, FULL, SLIDING, layer_describer
 from reference_engine.model_pairs import (
-    DENSE_FAMILIES,
-    FULL,
-    SLIDING,
     SUPPORTED_ROPE_TYPES,
     TINY_VOCAB,
     TINY_WINDOW,
     ModelPair,
     SpecMethod,
-    layer_describer,
 )
 
 #: ``models.common.ACTIVATIONS``' names, kept here so that reading configs does not

@@ -1,7 +1,9 @@
-"""The unit of work the scheduler hands the model runner each engine step.
+"""What the engine and the model runner hand each other each step.
 
-Kept in its own module so the runner (model side) and the scheduler (engine side) share one
-vocabulary without importing each other.
+The scheduler's unit of work (``StepBatch``), the target's answer (``TargetOutput``) and the
+drafting call (``ProposeInput`` -> ``DraftOutput``). Kept in its own module so the runner
+(model side), the drafters and the scheduler (engine side) share one vocabulary without
+importing each other.
 
 Contract between the scheduler (H) and the model runner (G):
 
@@ -24,6 +26,10 @@ Contract between the scheduler (H) and the model runner (G):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the scheduler reads this module without loading torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,41 @@ class ScheduledChunk:
 @dataclass(frozen=True)
 class StepBatch:
     chunks: tuple[ScheduledChunk, ...]
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """What one target step returns, in ``StepBatch.chunks`` order."""
+
+    # Per chunk: [1, vocab] for logits="last", [len(token_ids), vocab] for "all",
+    # [0, vocab] for "none"; float32.
+    logits: tuple[torch.Tensor, ...]
+    # Per chunk: [len(token_ids), hidden] target last hidden states (after the
+    # final norm, the input of lm_head); also kept inside the runner for propose.
+    hidden_states: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class ProposeRequest:
+    request_id: str
+    # Prompt + accepted output tokens, ending with the token the target just sampled.
+    token_ids: tuple[int, ...]
+    # Per KV-cache group id; must cover len(token_ids) + num_spec_tokens positions.
+    block_ids: tuple[tuple[int, ...], ...]
+    # 0 drafts greedily (draft_probs one-hot); > 0 samples drafts from softmax(logits / T).
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class ProposeInput:
+    requests: tuple[ProposeRequest, ...]
+    generator: torch.Generator | None = None  # for sampled drafts (temperature > 0)
+
+
+@dataclass(frozen=True)
+class DraftOutput:
+    draft_token_ids: torch.Tensor  # int64 [num_requests, k]
+    draft_probs: torch.Tensor  # float32 [num_requests, k, vocab]: q(x) the draft sampled from
 
 
 #: Block id placed in a block table where a sliding-window group freed a block.

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from reference_engine.model_pairs import DENSE_FAMILIES, ModelPair, SpecMethod
+from reference_engine.family_layers import DENSE_FAMILIES
+from reference_engine.model_pairs import ModelPair, SpecMethod
 from reference_engine.models.gemma4 import Gemma4ForCausalLM
 from reference_engine.models.gemma4_assistant import Gemma4Assistant
 from reference_engine.models.llama import build_dense_draft_head, build_dense_model

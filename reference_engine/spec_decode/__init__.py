@@ -1,1 +1,3 @@
-"""Speculative decoding: drafting through the model runner and acceptance statistics."""
+"""Speculative decoding: the drafters the model runner calls (one drafting
+method per module, behind ``drafter.Drafter``), the engine-side proposer and
+acceptance statistics."""

@@ -15,8 +15,8 @@ from typing import Protocol
 import torch
 
 from reference_engine.block_manager import BlockManager
-from reference_engine.model_runner import DraftOutput, ProposeInput, ProposeRequest
 from reference_engine.request import Request
+from reference_engine.step import DraftOutput, ProposeInput, ProposeRequest
 
 
 class DraftingRunner(Protocol):

@@ -17,14 +17,10 @@ from torch import nn
 
 from kernels.backend import MIXED_HEADS_MESSAGE
 from reference_engine import model_runner
+from reference_engine.forward_metadata import BlockTableError
 from reference_engine.model_pairs import get_model_pair
-from reference_engine.model_runner import (
-    BlockTableError,
-    ModelRunner,
-    ProposeInput,
-    ProposeRequest,
-)
-from reference_engine.step import ScheduledChunk, StepBatch
+from reference_engine.model_runner import ModelRunner
+from reference_engine.step import ProposeInput, ProposeRequest, ScheduledChunk, StepBatch
 from reference_engine.weights import (
     WeightLoadError,
     load_weights,

@@ -24,8 +24,8 @@ import torch
 
 from kernels.registry import get_backend
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
-from reference_engine.model_runner import ModelRunner, ProposeInput, ProposeRequest
-from reference_engine.step import ScheduledChunk, StepBatch
+from reference_engine.model_runner import ModelRunner
+from reference_engine.step import ProposeInput, ProposeRequest, ScheduledChunk, StepBatch
 from suites.spec_decode.test_greedy_identity import BF16_MAX_ROW_RTOL, BF16_MEDIAN_ROW_RTOL
 from suites.tp_checks import rank_group_problems, rank_groups
 from suites.tp_launch import RankContext, launch, missing_devices_reason

@@ -21,13 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.metadata import cdiv
-from reference_engine.model_runner import (
-    DraftOutput,
-    KVCacheGroupInfo,
-    ProposeInput,
-    TargetOutput,
-)
-from reference_engine.step import NULL_BLOCK_ID, StepBatch
+from reference_engine.model_runner import KVCacheGroupInfo
+from reference_engine.step import NULL_BLOCK_ID, DraftOutput, ProposeInput, StepBatch, TargetOutput
 
 VOCAB = 97
 UNWRITTEN = -1

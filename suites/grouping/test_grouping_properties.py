@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from reference_engine.kv_cache_groups import get_kv_cache_groups
 from reference_engine.kv_cache_spec import UniformTypeKVCacheSpecs
+from reference_engine.kv_sharing import kv_sharing_of
 from reference_engine.layers import LayerDescription, LayerKind, Role
-from reference_engine.model_pairs import kv_sharing_of
 from suites.grouping.checks import conformance_violations, expected_mixed_heads_error
 
 pytestmark = pytest.mark.grouping

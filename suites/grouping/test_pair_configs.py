@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_engine.model_pairs import layer_describer
+from reference_engine.family_layers import layer_describer
 from reference_engine.pair_configs import (
     PairConfigError,
     pair_from_configs,

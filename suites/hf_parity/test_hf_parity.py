@@ -35,10 +35,10 @@ import torch
 
 from kernels.registry import get_backend
 from reference_engine.model_pairs import MODEL_PAIRS, ModelPair, SpecMethod
-from reference_engine.model_runner import ModelRunner, ProposeInput, ProposeRequest
+from reference_engine.model_runner import ModelRunner
 from reference_engine.models import DraftKind
 from reference_engine.pairs_file import load_pairs_file
-from reference_engine.step import ScheduledChunk, StepBatch
+from reference_engine.step import ProposeInput, ProposeRequest, ScheduledChunk, StepBatch
 from reference_engine.weights import ReferenceModels, reference_models, save_pair_weights
 
 pytestmark = pytest.mark.hf_parity

@@ -22,7 +22,8 @@ from reference_engine.attention_groups import (
     group_attention_layers,
 )
 from reference_engine.kv_cache_groups import get_kv_cache_groups
-from reference_engine.model_pairs import get_model_pair, kv_sharing_of
+from reference_engine.kv_sharing import kv_sharing_of
+from reference_engine.model_pairs import get_model_pair
 from suites.kernels.batches import PagedBatch
 
 ATTENTION_BACKENDS = ("torch", "triton", "flashinfer")

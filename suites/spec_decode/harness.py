@@ -21,9 +21,8 @@ import torch
 from kernels.registry import get_backend
 from reference_engine.llm_engine import EngineConfig, LLMEngine, make_runner
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
-from reference_engine.model_runner import DraftOutput, ProposeInput
 from reference_engine.request import SamplingParams
-from reference_engine.step import ScheduledChunk, StepBatch
+from reference_engine.step import DraftOutput, ProposeInput, ScheduledChunk, StepBatch
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"

@@ -13,10 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_engine.model_runner import ProposeInput, ProposeRequest
 from reference_engine.rejection_sampler import num_emitted, random_rejection_sample
 from reference_engine.request import SamplingParams
-from reference_engine.step import ScheduledChunk, StepBatch
+from reference_engine.step import ProposeInput, ProposeRequest, ScheduledChunk, StepBatch
 from suites.engine_units.chi_square import chi_square_pvalue
 from suites.spec_decode.harness import MAX_TOKENS, PAIRS, case_marks, prompts_for
 
