@@ -101,7 +101,7 @@ def test_spread_is_median_p10_p90() -> None:
         (["--warmup", "0"], "--warmup must be at least 1"),
         (["--num-spec-tokens", "0"], "--num-spec-tokens must be in 1..8"),
         (["-k", "9"], "--num-spec-tokens must be in 1..8"),
-        (["--batch", "0"], "must be >= 1, got 0"),
+        (["--batch", "0"], "expected a positive integer, got '0'"),
         (["--pair", "gemma5"], "invalid choice: 'gemma5'"),
         (["--backend", "flashinfer"], "--backend flashinfer needs a CUDA device"),
         (["--device", "bogus"], "--device bogus:"),
