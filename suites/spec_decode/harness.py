@@ -46,8 +46,12 @@ def prompts_for(pair_name: str, seed: int = 0) -> list[list[int]]:
 
 
 def case_marks(pair_name: str, backend: str, dtype: str, k: int | None = None) -> list:
-    """Markers of one (pair, backend, dtype) case on this machine."""
-    marks = [pytest.mark.spec_decode]
+    """Markers of one (pair, backend, dtype) case on this machine, ``case`` naming it for
+    the run record (a test may run on a backend and dtype it does not take as arguments)."""
+    marks = [
+        pytest.mark.spec_decode,
+        pytest.mark.case(pair=pair_name, backend=backend, dtype=dtype, k=k),
+    ]
     if get_model_pair(pair_name).is_mtp:
         marks.append(pytest.mark.mtp)
     if backend == "flashinfer" or dtype != "fp32":
