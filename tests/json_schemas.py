@@ -16,7 +16,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
-SCHEMAS = ("run-record", "ci-select", "ci-check-deps", "benchmark-metrics")
+SCHEMAS = ("run-record", "ci-select", "ci-check-deps", "benchmark-metrics", "reports-comparison")
 
 
 def schema_path(name: str) -> Path:

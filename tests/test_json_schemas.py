@@ -9,7 +9,9 @@ fixtures here produce one small real output per schema to plant faults in.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import subprocess
 import sys
@@ -107,7 +109,27 @@ def real_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     missed = run_cli("check-deps", "--repo", str(planted), "--base", "main", "--json", *cache)
     outputs["ci-check-deps-missed"] = json.loads(missed.stdout)
     assert outputs["ci-check-deps-missed"]["missed"], "the planted change must miss a step"
+    outputs["reports-comparison"] = _comparison(root, record)
     return outputs
+
+
+def _comparison(root: Path, record: Path) -> dict[str, Any]:
+    """``reports compare --json`` of the benchmark record against a baseline whose one test
+    failed and whose metric was 10 % faster."""
+    baseline = json.loads(record.read_text())
+    baseline.update(run_id="baseline")
+    baseline["tests"][0].update(outcome="failed", message="relative error 0.1")
+    for metric in baseline["metrics"]:
+        metric["value"] *= 0.9
+        metric["samples"] = [sample * 0.9 for sample in metric["samples"]]
+    baseline_path = root / "baseline.json"
+    baseline_path.write_text(json.dumps(baseline))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        reports_main(["compare", "--run", str(record), "--baseline", str(baseline_path), "--json"])
+    document = json.loads(stdout.getvalue())
+    assert document["fixed"] and document["metrics"], document
+    return document
 
 
 # (output, path to the planted key, value or MISSING, schema) ; the path's last part is
@@ -138,6 +160,11 @@ FAULTS = [
     ("ci-check-deps", ("steps", 0, "add", 0, "kind"), "dynamic"),
     ("ci-check-deps-missed", ("missed", 0, "chain"), "a.py -> b.py"),
     ("ci-check-deps-missed", ("missed", 0, "step"), MISSING),
+    ("reports-comparison", ("regression",), MISSING),
+    ("reports-comparison", ("fixed", 0, "current"), "green"),
+    ("reports-comparison", ("fixed", 0, "fields"), []),
+    ("reports-comparison", ("metrics", 0, "verdict"), "worse"),
+    ("reports-comparison", ("metrics", 0, "threshold"), None),
 ]
 
 
