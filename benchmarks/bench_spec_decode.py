@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from benchmarks.cli import argument_parser
 from benchmarks.metrics import Metric, write_metrics
-from reference_engine.generate_cli import DTYPES, torch_dtype
+from reference_engine.generate_cli import DTYPES, positive_int, torch_dtype
 from reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 
 if TYPE_CHECKING:  # torch loads after the arguments are parsed, so --help answers at once
@@ -108,13 +108,6 @@ def num_blocks_for(args: argparse.Namespace, max_tokens: int) -> int:
     return args.batch * (math.ceil(worst_case / BLOCK_SIZE) + 1) + 1
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argument_parser("benchmarks.bench_spec_decode", __doc__.split("\n\n")[0])
     parser.add_argument("--pair", choices=sorted(MODEL_PAIRS), default="gemma4-e2b-mtp")
@@ -125,8 +118,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU"
     )
     parser.add_argument("--num-spec-tokens", "-k", type=int, default=3, help="k drafts (1..8)")
-    parser.add_argument("--batch", type=positive, default=64, help="requests decoding together")
-    parser.add_argument("--prompt-len", type=positive, default=1024, help="tokens per prompt")
+    parser.add_argument("--batch", type=positive_int, default=64, help="requests decoding together")
+    parser.add_argument("--prompt-len", type=positive_int, default=1024, help="tokens per prompt")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steady steps first")
     parser.add_argument("--steps", type=int, default=50, help=f"timed steps (>= {MIN_STEPS})")
     parser.add_argument(

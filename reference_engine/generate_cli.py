@@ -1,7 +1,8 @@
 """``python -m reference_engine generate PAIR``: run the engine and report speed and acceptance.
 
 Prompts are random token ids drawn from ``--seed``, so a run is reproducible.
-A progress bar goes to stderr; the summary (tokens per second, acceptance
+A progress bar (tqdm) goes to stderr when it is a terminal, unless
+``--no-progress``; the summary (tokens per second, acceptance
 rate, mean accepted length, time per step split into draft, verify and
 metadata building) to stdout, as text or ``--json``. Under ``--policy legacy``
 a mixed pair fails at engine start-up with the strict check's exact message
@@ -15,7 +16,7 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from reference_engine.grouping_policy import GroupingPolicy
 from reference_engine.model_pairs import MODEL_PAIRS, UnknownModelPairError, get_model_pair
@@ -23,15 +24,22 @@ from reference_engine.pair_options import add_pair_options, pair_name_from_args
 
 if TYPE_CHECKING:  # torch loads when a run starts, so --help and bad arguments answer at once
     import torch
+    from tqdm import tqdm
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}  # -> torch attribute
-PROGRESS_WIDTH = 30
 
 
-def _positive(text: str) -> int:
-    value = int(text)
+def positive_int(text: str) -> int:
+    """argparse ``type`` for counts (prompts, tokens, blocks): an integer >= 1.
+
+    The one copy, shared with ``benchmarks``: they import this package, never the reverse.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
 
 
@@ -54,10 +62,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--num-spec-tokens", type=_spec_tokens, default=3, help="k drafts per step (0..8)"
     )
-    parser.add_argument("--batch", type=_positive, default=4, help="number of prompts")
-    parser.add_argument("--prompt-len", type=_positive, default=16, help="tokens per prompt")
+    parser.add_argument("--batch", type=positive_int, default=4, help="number of prompts")
+    parser.add_argument("--prompt-len", type=positive_int, default=16, help="tokens per prompt")
     parser.add_argument(
-        "--max-tokens", type=_positive, default=16, help="tokens to generate per prompt"
+        "--max-tokens", type=positive_int, default=16, help="tokens to generate per prompt"
     )
     parser.add_argument("--policy", choices=[p.value for p in GroupingPolicy], default="split")
     parser.add_argument(
@@ -67,9 +75,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument(
-        "--num-blocks", type=_positive, default=256, help="KV-cache blocks per group"
+        "--num-blocks", type=positive_int, default=256, help="KV-cache blocks per group"
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (it is drawn only when stderr is a terminal)",
+    )
     parser.set_defaults(run=run, usage_error=parser.error)
 
 
@@ -110,15 +123,12 @@ def _prompts(vocab_size: int, batch: int, prompt_len: int, seed: int) -> list[li
     return torch.randint(0, vocab_size, (batch, prompt_len), generator=generator).tolist()
 
 
-def _progress(done: int, total: int) -> None:
-    filled = PROGRESS_WIDTH * done // total
-    bar = "#" * filled + "." * (PROGRESS_WIDTH - filled)
-    print(
-        f"\r[{bar}] {done}/{total} tokens",
-        end="" if done < total else "\n",
-        file=sys.stderr,
-        flush=True,
-    )
+def progress_bar(total: int, stream: TextIO, *, silent: bool = False) -> tqdm:
+    """A tqdm bar of generated tokens on ``stream``; off when ``silent`` or when ``stream``
+    is not a terminal (a log file or a pipe gets no ``\\r`` lines)."""
+    from tqdm import tqdm  # imported when a run starts: --help stays fast
+
+    return tqdm(total=total, unit="tok", desc="generate", file=stream, disable=silent or None)
 
 
 def summarize(engine: Any, wall_seconds: float) -> dict:
@@ -214,11 +224,12 @@ def run(args: argparse.Namespace) -> int:
     prompts = _prompts(pair.target_config().vocab_size, args.batch, args.prompt_len, args.seed)
     total = args.batch * args.max_tokens
     started = time.perf_counter()
-    engine.generate(
-        prompts,
-        SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature),
-        on_step=lambda e: _progress(e.stats.num_generated_tokens, total),
-    )
+    with progress_bar(total, sys.stderr, silent=args.no_progress) as bar:
+        engine.generate(
+            prompts,
+            SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature),
+            on_step=lambda e: bar.update(e.stats.num_generated_tokens - bar.n),
+        )
     summary = summarize(engine, time.perf_counter() - started)
     engine.check_no_leaks()
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))

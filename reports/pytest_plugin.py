@@ -9,11 +9,12 @@ controller and ``--junitxml`` writes as properties. Under xdist the controller r
 and merges what only workers know (parameters, markers, deselection, device) from
 ``workeroutput``. JUnit XML for CI views: use pytest's own ``--junitxml``.
 
-A test's pair, backend and dtype come from ``@pytest.mark.case(pair=..., backend=...,
-dtype=...)`` when it has one, else from its parameters' names and values (public
-``item.callspec`` data); a value under a pair name counts as a model pair only when it
-names one in the model-pair registry the tests loaded (a test parameter such as
-``large-then-small`` is no model pair).
+What a test is about (its ``fields``: pair, backend, dtype, tp, k, policy) comes from
+its ``@pytest.mark.case(pair=..., backend=..., dtype=...)`` marker; the suites give every
+test one (``suites/cases.py``). A test without the marker falls back to its parameters'
+names and values (public ``item.callspec`` data) for everything but the pair: only a
+marker makes a test a model pair's, since a parameter named ``pair`` may hold two batches
+(``large-then-small``) as well as a model pair.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import math
 import numbers
 import os
 import re
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -44,9 +44,8 @@ METRIC_PROPERTY = "attention_grouping.metric"
 WORKER_OUTPUT_KEY = "attention_grouping_records"
 DETAILS_LIMIT = 20_000  # characters of traceback kept per failure
 VALUE_LIMIT = 200  # characters kept of a parameter's text
-# record field -> parameter names that mean it (first present wins)
+# record field -> parameter names that mean it (first present wins), for unmarked tests
 FIELD_ALIASES = {
-    "pair": ("pair", "model_pair", "pair_name", "model_pair_name"),
     "backend": ("backend", "attn_backend", "attention_backend", "backend_name"),
     "dtype": ("dtype", "torch_dtype"),
     "policy": ("policy", "grouping_policy"),
@@ -81,7 +80,7 @@ ID_TOKEN_FIELDS = (  # fields recognisable in a test id when no parameter names 
 )
 CASE_MARKER = "case"
 CASE_FIELDS = ("pair", "backend", "dtype", "tp", "k", "policy")
-PYTEST_MARKERS = {
+PYTEST_MARKERS = {  # pytest's own and the case marker: not check areas
     "parametrize",
     "usefixtures",
     "filterwarnings",
@@ -90,8 +89,6 @@ PYTEST_MARKERS = {
     "xfail",
     CASE_MARKER,
 }
-# Read, never imported: the registry of model pair names, once the tests have loaded it.
-MODEL_PAIR_REGISTRY = ("reference_engine.model_pairs", "MODEL_PAIRS")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -243,24 +240,15 @@ def _with_compound_parts(params: Mapping[str, object]) -> dict[str, object]:
     return expanded
 
 
-def known_model_pairs() -> frozenset[str] | None:
-    """Names in the model-pair registry when the tests loaded it (None: nothing to check by)."""
-    module_name, attribute = MODEL_PAIR_REGISTRY
-    registry = getattr(sys.modules.get(module_name), attribute, None)
-    return frozenset(map(str, registry)) if isinstance(registry, Mapping) else None
-
-
-def _fields(values: Mapping[str, object], test_id: str) -> dict[str, str]:
-    """Known fields from parameter names first, then from unambiguous test-id tokens."""
+def _guessed_fields(values: Mapping[str, object], test_id: str) -> dict[str, str]:
+    """For a test without a case marker: fields from parameter names first, then from
+    unambiguous test-id tokens; never a pair."""
     fields: dict[str, str] = {}
     for field_name, aliases in FIELD_ALIASES.items():
         alias = next((alias for alias in aliases if alias in values), None)
         if alias is not None:
             value = _parameter_value(values[alias])
             fields[field_name] = _normalize_field(field_name, value)
-    pairs = known_model_pairs()
-    if pairs is not None and fields.get("pair") not in pairs:
-        fields.pop("pair", None)  # e.g. a pair of batches, not a model pair
     for token in test_id.split("-") if test_id else ():
         if "dtype" not in fields and token.lower() in DTYPE_NAMES:
             fields["dtype"] = DTYPE_NAMES[token.lower()]
@@ -271,27 +259,32 @@ def _fields(values: Mapping[str, object], test_id: str) -> dict[str, str]:
     return fields
 
 
+def case_fields(item: pytest.Item) -> dict[str, str] | None:
+    """The fields the test's case marker names; None when it has no marker."""
+    case = item.get_closest_marker(CASE_MARKER)
+    if case is None:
+        return None
+    unknown = sorted(set(case.kwargs) - set(CASE_FIELDS))
+    if unknown or case.args:
+        raise pytest.UsageError(
+            f"{item.nodeid}: @pytest.mark.{CASE_MARKER} takes keywords "
+            f"{', '.join(CASE_FIELDS)}; got {', '.join(unknown) or 'positional arguments'}"
+        )
+    return {
+        name: _normalize_field(name, _parameter_value(value))
+        for name, value in case.kwargs.items()
+        if value is not None
+    }
+
+
 def describe_item(item: pytest.Item, engine: str | None) -> dict[str, Any]:
     """Parameters, the known fields (pair, backend, dtype, ...) and markers of one test."""
     callspec = getattr(item, "callspec", None)
     raw_params: dict[str, object] = dict(callspec.params) if callspec is not None else {}
     params = {name: _parameter_value(value) for name, value in raw_params.items()}
-    fields = _fields(_with_compound_parts(raw_params), callspec.id if callspec else "")
-    case = item.get_closest_marker(CASE_MARKER)
-    if case is not None:  # the test says what it is about: that wins over any guess
-        unknown = sorted(set(case.kwargs) - set(CASE_FIELDS))
-        if unknown or case.args:
-            raise pytest.UsageError(
-                f"{item.nodeid}: @pytest.mark.{CASE_MARKER} takes keywords "
-                f"{', '.join(CASE_FIELDS)}; got {', '.join(unknown) or 'positional arguments'}"
-            )
-        fields.update(
-            {
-                name: _normalize_field(name, _parameter_value(value))
-                for name, value in case.kwargs.items()
-                if value is not None
-            }
-        )
+    fields = case_fields(item)
+    if fields is None:
+        fields = _guessed_fields(_with_compound_parts(raw_params), callspec.id if callspec else "")
     if engine and "engine" not in fields:
         fields["engine"] = engine
     markers = sorted({mark.name for mark in item.iter_markers()} - PYTEST_MARKERS)

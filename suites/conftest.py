@@ -30,8 +30,10 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
 
 from reference_engine.pair_options import PAIRS_ENV
 from reference_engine.pairs_file import PairsFileError, register_pairs_file
+from suites.cases import CaseArgumentError, mark_case
 from suites.engines.base import EngineAdapter
 
+SUITES_DIR = Path(__file__).resolve().parent
 _ADAPTER_KEY = pytest.StashKey[EngineAdapter]()
 
 
@@ -79,3 +81,13 @@ def engine(request: pytest.FixtureRequest) -> EngineAdapter:
 def device(request: pytest.FixtureRequest) -> torch.device:
     chosen = request.config.getoption("device")
     return torch.device(chosen or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every suite test says what it is about, for the run record (``suites/cases.py``)."""
+    for item in items:
+        if item.path.is_relative_to(SUITES_DIR):
+            try:
+                mark_case(item)
+            except CaseArgumentError as error:
+                raise pytest.UsageError(str(error)) from None

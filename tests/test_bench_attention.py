@@ -20,6 +20,7 @@ from benchmarks.bench_attention import parse_args
 from benchmarks.timing import Timing
 from kernels.registry import BACKEND_PATHS, UnknownBackendError, get_backend
 from reports.record import load_record
+from tests.json_schemas import assert_file_matches_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,6 +87,11 @@ def test_tiny_dry_run_writes_a_passing_run_record(tiny_dry_run: DryRun) -> None:
     assert (record.exit_status, record.metrics) == (0, ())
     assert str(record.environment["device"]).startswith(tiny_dry_run.device_prefix)
     assert f"wrote the run record {tiny_dry_run.record}" in tiny_dry_run.completed.stdout
+
+
+def test_tiny_dry_run_outputs_match_their_schemas(tiny_dry_run: DryRun) -> None:
+    assert_file_matches_schema(tiny_dry_run.metrics, "benchmark-metrics")
+    assert_file_matches_schema(tiny_dry_run.record, "run-record")
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 from benchmarks import bench_metadata
 from kernels.metadata import CommonAttentionMetadata
 from reports.record import load_record
+from tests.json_schemas import assert_file_matches_schema
 
 
 def test_tiny_run_writes_one_metric(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -44,6 +45,14 @@ def test_tiny_run_writes_a_run_record(tmp_path: Path) -> None:
         3,
     )
     assert str(record.environment["device"]).startswith("CPU")
+
+
+def test_tiny_run_outputs_match_their_schemas(tmp_path: Path) -> None:
+    metrics, record = tmp_path / "metadata.json", tmp_path / "record.json"
+    argv = ["--device", "cpu", "--batch", "2", "--context-len", "40", "--runs", "2"]
+    assert bench_metadata.main([*argv, "--json", str(metrics), "--record", str(record)]) == 0
+    assert_file_matches_schema(metrics, "benchmark-metrics")
+    assert_file_matches_schema(record, "run-record")
 
 
 @pytest.mark.parametrize(

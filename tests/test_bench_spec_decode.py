@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from benchmarks.bench_spec_decode import parse_args, spread
+from tests.json_schemas import assert_file_matches_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CPU_ENV = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -37,14 +38,25 @@ def _run_module(*argv: str, code: str | None = None) -> subprocess.CompletedProc
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, dict[str, dict]]:
-    """One smoke run of the default pair on the CPU: its process and metrics by suffix."""
+def smoke_output(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One smoke run of the default pair on the CPU: its process and its metric list."""
     out = tmp_path_factory.mktemp("bench") / "spec_decode.json"
     steps = ["--steps", str(SMOKE_STEPS), "--smoke"]
     completed = _run_module(*SMOKE_ARGV, *steps, "--json", str(out))
     assert completed.returncode == 0, completed.stderr
+    return completed, out
+
+
+@pytest.fixture(scope="module")
+def smoke_run(smoke_output) -> tuple[subprocess.CompletedProcess, dict[str, dict]]:
+    """The smoke run's process and its metrics by suffix."""
+    completed, out = smoke_output
     metrics = json.loads(out.read_text())
     return completed, {metric["name"].removeprefix(f"{PREFIX}."): metric for metric in metrics}
+
+
+def test_smoke_metric_list_matches_its_schema(smoke_output) -> None:
+    assert_file_matches_schema(smoke_output[1], "benchmark-metrics")
 
 
 def test_smoke_run_writes_every_metric_once(smoke_run) -> None:
@@ -101,7 +113,7 @@ def test_spread_is_median_p10_p90() -> None:
         (["--warmup", "0"], "--warmup must be at least 1"),
         (["--num-spec-tokens", "0"], "--num-spec-tokens must be in 1..8"),
         (["-k", "9"], "--num-spec-tokens must be in 1..8"),
-        (["--batch", "0"], "must be >= 1, got 0"),
+        (["--batch", "0"], "expected a positive integer, got '0'"),
         (["--pair", "gemma5"], "invalid choice: 'gemma5'"),
         (["--backend", "flashinfer"], "--backend flashinfer needs a CUDA device"),
         (["--device", "bogus"], "--device bogus:"),

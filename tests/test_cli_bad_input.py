@@ -74,7 +74,9 @@ CASES = [
         "must be in 0..8",
     ),
     BadInput(
-        "generate-empty-batch", (*ENGINE, "generate", PAIR, "--batch", "0"), "must be >= 1, got 0"
+        "generate-empty-batch",
+        (*ENGINE, "generate", PAIR, "--batch", "0"),
+        "argument --batch: expected a positive integer, got '0'",
     ),
     BadInput(
         "generate-negative-temperature",

@@ -2,7 +2,7 @@
 
 argparse formats help strings with ``%``, so a stray percent sign in one option's
 help breaks ``--help`` for the whole subcommand. ``--help``, argument errors and
-the pair listing must answer without importing torch, transformers or triton
+the pair listing must answer without importing torch, transformers, triton or tqdm
 (seconds each on a loaded machine): a probe runs the command as ``python -m``
 does and reports which of them were imported and the CPU time it took (CPU time,
 unlike wall time, barely moves when other jobs load the machine).
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-HEAVY_MODULES = ("torch", "transformers", "triton")
+HEAVY_MODULES = ("torch", "transformers", "triton", "tqdm")
 MAX_CPU_SECONDS = 1.0
 
 COMMANDS = [

@@ -217,9 +217,9 @@ STEP_PAIRS = {
 }
 
 
-@pytest.mark.parametrize("pair", list(STEP_PAIRS), ids=list(STEP_PAIRS))
-def test_second_step_matches_the_reference(pair: str, device) -> None:
-    first_case, second_case = STEP_PAIRS[pair]
+@pytest.mark.parametrize("steps", list(STEP_PAIRS), ids=list(STEP_PAIRS))
+def test_second_step_matches_the_reference(steps: str, device) -> None:
+    first_case, second_case = STEP_PAIRS[steps]
     builder = make_builder(first_case, device)
     build(builder, first_case, block_tables(first_case, seed=3))
     tables = block_tables(second_case, seed=4)

@@ -44,9 +44,15 @@ def prompts_for(pair_name: str, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
-def case_marks(pair_name: str, backend: str, dtype: str, k: int | None = None) -> list:
-    """Markers of one (pair, backend, dtype) case on this machine."""
-    marks = [pytest.mark.spec_decode]
+def case_marks(
+    pair_name: str, backend: str, dtype: str, k: int | None = None, tp: int | None = None
+) -> list:
+    """Markers of one (pair, backend, dtype) case on this machine, ``case`` naming it for
+    the run record (a test may run on a backend and dtype it does not take as arguments)."""
+    marks = [
+        pytest.mark.spec_decode,
+        pytest.mark.case(pair=pair_name, backend=backend, dtype=dtype, k=k, tp=tp),
+    ]
     if get_model_pair(pair_name).is_mtp:
         marks.append(pytest.mark.mtp)
     if backend == "flashinfer" or dtype != "fp32":

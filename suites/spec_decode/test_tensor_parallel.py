@@ -31,7 +31,7 @@ CPU_TRITON_SKIP = (
 
 
 def _marks(pair: str, backend: str) -> list:
-    marks = case_marks(pair, backend, "fp32")
+    marks = case_marks(pair, backend, "fp32", tp=TP_SIZE)
     if MISSING_DEVICES:
         marks.append(pytest.mark.skip(reason=MISSING_DEVICES))
     elif not ON_GPU and backend == "triton":

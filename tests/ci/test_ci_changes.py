@@ -9,6 +9,7 @@ import pytest
 
 from ci.changes import compute_changes
 from tests.ci.helpers import RUN_CONFIG, commit_all, git, init_repo, run_cli, write_tree
+from tests.json_schemas import assert_matches_schema
 
 AREAS = {
     "ci/ci_config.yaml": RUN_CONFIG,
@@ -106,6 +107,7 @@ def test_fail_safe_selects_everything_and_says_why(repo, tmp_path, setup, reason
     result = run_cli("select", "--repo", str(target), "--base", base, "--json")
     document = json.loads(result.stdout)
     assert result.exit_code == 0
+    assert_matches_schema(document, "ci-select")
     assert document["run_all"] is True and reason in document["reason"]
     assert [step["selected"] for step in document["steps"]] == [True, True]
     assert reason in result.stderr
@@ -117,6 +119,7 @@ def test_select_json_and_explain_on_a_change(repo):
     result = run_cli("select", "--repo", str(repo), "--base", "main", "--head", "HEAD", "--json")
     assert result.exit_code == 0, result.stderr
     document = json.loads(result.stdout)
+    assert_matches_schema(document, "ci-select")
     assert document["changed_files"] == ["kernels/registry.py"]
     assert document["run_all"] is False
     assert document["steps"] == [

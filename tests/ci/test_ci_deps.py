@@ -23,6 +23,7 @@ from ci.pytest_commands import pytest_runs
 from ci.reach import closures, members
 from ci.test_inventory import collected_files, selected_tests
 from tests.ci.helpers import RUN_CONFIG, run_cli, write_tree
+from tests.json_schemas import assert_matches_schema
 
 # The original bug in miniature: the spec-decode step declares the engine but not the backends
 # it reaches through the registry's dotted-path strings.
@@ -322,6 +323,7 @@ def test_fix_only_inserts_lines_in_the_files_own_style(tmp_path, fixture, step_k
 def test_check_deps_json_report(planted):
     result = run_cli("check-deps", "--repo", str(planted), "--json")
     document = json.loads(result.stdout)
+    assert_matches_schema(document, "ci-check-deps")
     assert result.exit_code == 1 and document["ok"] is False
     (step,) = document["steps"]
     assert step["gaps"] == {"static": 2, "registry": 3}

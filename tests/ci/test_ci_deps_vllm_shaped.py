@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.ci.helpers import RUN_CONFIG, commit_all, git, init_repo, run_cli, write_tree
+from tests.json_schemas import assert_matches_schema
 
 NUM_MODELS = 40
 DEPENDENCY_CHECK = "dependency_check:\n  test_roots: [tests]\n"
@@ -129,6 +130,7 @@ def _check(repo: Path, *args: str):
 def test_whole_repository_reports_the_backend_gap_not_the_model_strings(repo):
     result = _check(repo, "--json")
     document = json.loads(result.stdout)
+    assert_matches_schema(document, "ci-check-deps")
     assert result.exit_code == 1
     failing = {step["key"]: step for step in document["steps"] if not step["ok"]}
     assert set(failing) == {"spec-decode-eagle", "e2e-spec-decode"}
@@ -165,6 +167,7 @@ def test_change_to_one_backend_names_exactly_the_unselected_steps_that_reach_it(
     commit_all(repo, "change a backend")
     result = _check(repo, "--base", "main", "--json")
     document = json.loads(result.stdout)
+    assert_matches_schema(document, "ci-check-deps")
     assert result.exit_code == 1, result.stderr
     assert document["changed_files"] == [f"{BACKENDS}/triton_attn.py"]
     assert [

@@ -11,6 +11,7 @@ import pytest
 
 from reports.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSION, main
 from reports.record import record_to_json, write_record
+from tests.json_schemas import assert_matches_schema
 from tests.reports.records import (
     HOSTILE_SELECTION,
     hostile_history,
@@ -77,6 +78,7 @@ def test_compare_json(records, capsys):
     )
     assert code == EXIT_REGRESSION
     document = json.loads(capsys.readouterr().out)
+    assert_matches_schema(document, "reports-comparison")
     assert [f["nodeid"] for f in document["new_failures"]] == [
         record_to_json(hostile_history()[1])["tests"][0]["nodeid"]
     ]

@@ -17,6 +17,7 @@ import pytest
 
 from reports.pytest_plugin import METRIC_PROPERTY, _TestProgress
 from reports.record import RunRecord, load_record
+from tests.json_schemas import assert_file_matches_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ("-p", "reports.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
@@ -204,6 +205,11 @@ def test_outcome_and_message(sample_run, name, outcome, message):
         assert message in test.message
 
 
+def test_record_matches_its_schema(sample_run):
+    """Every outcome, a metric, parameters and fields: the record as the plugin wrote it."""
+    assert_file_matches_schema(sample_run[1].with_name("run.json"), "run-record")
+
+
 def test_failure_keeps_the_traceback(sample_run):
     test = test_by_name(sample_run[0], "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp2]")
     assert "assert tp == 1" in test.details
@@ -214,15 +220,9 @@ def test_failure_keeps_the_traceback(sample_run):
     [
         pytest.param(
             "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp2]",
-            {
-                "pair": "gemma4-e2b-mtp",
-                "backend": "triton",
-                "dtype": "bf16",
-                "tp": "2",
-                "engine": "reference",
-            },
+            {"backend": "triton", "dtype": "bf16", "tp": "2", "engine": "reference"},
             ("grouping",),
-            id="from-params",
+            id="from-params-never-a-pair",
         ),
         pytest.param(
             "test_id_tokens",
@@ -367,11 +367,10 @@ def test_bad_record_path_is_a_usage_error_before_any_test(inner, path, message):
 CASE_TESTS = """
 import pytest
 
-import reference_engine.model_pairs  # the registry the suites load
 
-
+@pytest.mark.parametrize("backend", ["triton"])
 @pytest.mark.parametrize("pair", ["gemma4-e2b-mtp", "large-then-small"])
-def test_guessed(pair):
+def test_unmarked(pair, backend):
     pass
 
 
@@ -379,28 +378,36 @@ def test_guessed(pair):
 @pytest.mark.parametrize("pair", ["large-then-small"])
 def test_marked(pair):
     pass
+
+
+@pytest.mark.parametrize(
+    "pair", [pytest.param("small-then-large", marks=pytest.mark.case(dtype="fp16"))]
+)
+@pytest.mark.parametrize("backend", ["triton"])
+def test_marked_by_its_param(pair, backend):
+    pass
 """
-FAKE_REGISTRY = "MODEL_PAIRS = {'gemma4-e2b-mtp': object(), 'qwen3-mtp': object()}\n"
 
 
-def test_case_marker_wins_and_guessed_pairs_must_be_registered(isolated):
+def test_only_the_case_marker_names_a_pair(isolated):
+    """A marked test's fields are its marker's, whatever its parameters are called; an
+    unmarked one keeps the guessed backend, never a guessed pair."""
     isolated.makepyfile(test_cases=CASE_TESTS)
-    package = isolated.mkpydir("reference_engine")
-    (package / "model_pairs.py").write_text(FAKE_REGISTRY)
     isolated.runpytest_subprocess(*PLUGIN, "--strict-markers", "--run-record", "run.json")
     fields = {
         test.nodeid.split("::")[1]: dict(test.fields)
         for test in load_record(isolated.path / "run.json").tests
     }
     assert fields == {
-        "test_guessed[gemma4-e2b-mtp]": {"pair": "gemma4-e2b-mtp"},
-        "test_guessed[large-then-small]": {},  # a test parameter, not a model pair
+        "test_unmarked[gemma4-e2b-mtp-triton]": {"backend": "triton"},
+        "test_unmarked[large-then-small-triton]": {"backend": "triton"},
         "test_marked[large-then-small]": {
             "pair": "qwen3-mtp",
             "backend": "torch",
             "dtype": "fp32",
             "tp": "2",
         },
+        "test_marked_by_its_param[triton-small-then-large]": {"dtype": "fp16"},
     }
 
 

@@ -1,0 +1,47 @@
+"""The JSON contracts between packages (``schemas/*.schema.json``), for the tests that
+check every writer's real output against them.
+
+The schemas are data in a neutral top-level folder: ``ci``, ``reports`` and
+``benchmarks`` import nothing of each other, and no package loads them at run time;
+the readers keep their own checks with file-and-field messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
+SCHEMAS = ("run-record", "ci-select", "ci-check-deps", "benchmark-metrics", "reports-comparison")
+
+
+def schema_path(name: str) -> Path:
+    return SCHEMA_DIR / f"{name}.schema.json"
+
+
+@functools.cache
+def validator(name: str) -> Draft202012Validator:
+    schema = json.loads(schema_path(name).read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def schema_errors(instance: Any, name: str) -> list[str]:
+    """Every way ``instance`` breaks schema ``name``, each as ``path: message``."""
+    return [
+        f"{'/'.join(map(str, error.absolute_path)) or '<top>'}: {error.message}"
+        for error in validator(name).iter_errors(instance)
+    ]
+
+
+def assert_matches_schema(instance: Any, name: str) -> None:
+    errors = schema_errors(instance, name)
+    assert not errors, f"{len(errors)} errors against schemas/{name}.schema.json: {errors[:5]}"
+
+
+def assert_file_matches_schema(path: Path, name: str) -> None:
+    assert_matches_schema(json.loads(path.read_text(encoding="utf-8")), name)

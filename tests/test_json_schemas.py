@@ -1,0 +1,234 @@
+"""The JSON contracts between packages (``schemas/``): each schema is valid draft 2020-12,
+strict enough to refuse a planted wrong type or missing key in a real writer's output,
+and the committed results still match; real ``ci select --json`` output feeds the report.
+
+The writers' own tests validate the output of each real run against its schema
+(``assert_matches_schema`` in tests/ci, tests/reports and the benchmark tests); the
+fixtures here produce one small real output per schema to plant faults in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from benchmarks import bench_metadata
+from reports.cli import EXIT_OK
+from reports.cli import main as reports_main
+from reports.compare import compare_runs
+from reports.record import load_record, write_record
+from reports.selection import load_selection
+from tests.ci.helpers import commit_all, git, init_repo, run_cli, write_tree
+from tests.ci.test_ci_changes import AREAS
+from tests.ci.test_ci_deps import PLANTED
+from tests.json_schemas import (
+    SCHEMA_DIR,
+    SCHEMAS,
+    assert_matches_schema,
+    schema_errors,
+    schema_path,
+)
+from tests.reports.records import make_run, make_test
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+MISSING = object()  # a planted fault that deletes the key
+
+
+def test_schema_folder_holds_exactly_the_contracts() -> None:
+    assert sorted(path.name for path in SCHEMA_DIR.glob("*")) == sorted(
+        schema_path(name).name for name in SCHEMAS
+    )
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_schema_is_valid_draft_2020_12(name: str) -> None:
+    schema = json.loads(schema_path(name).read_text(encoding="utf-8"))
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    Draft202012Validator.check_schema(schema)
+
+
+def _committed_results() -> list[Any]:
+    params = []
+    for path in sorted(RESULTS.rglob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data, dict) and "schema" in data:
+            name = "run-record"
+        elif isinstance(data, list):
+            name = "benchmark-metrics"
+        else:
+            continue  # tune_attention's sweep reports: no contract between packages
+        params.append(pytest.param(path, name, id=str(path.relative_to(RESULTS))))
+    return params
+
+
+@pytest.mark.parametrize(("path", "name"), _committed_results())
+def test_committed_results_match_their_schema(path: Path, name: str) -> None:
+    """Records and metric lists written by earlier versions still match the contract."""
+    assert_matches_schema(json.loads(path.read_text(encoding="utf-8")), name)
+
+
+def _select_repo(root: Path) -> Path:
+    """A change to a kernel file: spec-decode selected, docs not."""
+    repo = init_repo(root, AREAS)
+    git(repo, "checkout", "-q", "-b", "feature")
+    write_tree(repo, {"kernels/registry.py": "NAMES = {'triton': 1}\n"})
+    commit_all(repo, "backend change")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def real_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One small real output of every writer, by schema (check-deps: both of its modes)."""
+    root = tmp_path_factory.mktemp("writers")
+    outputs: dict[str, Any] = {}
+    metrics, record = root / "metrics.json", root / "record.json"
+    argv = ["--device", "cpu", "--batch", "2", "--context-len", "40", "--runs", "2"]
+    assert bench_metadata.main([*argv, "--json", str(metrics), "--record", str(record)]) == 0
+    outputs["benchmark-metrics"] = json.loads(metrics.read_text())
+    outputs["run-record"] = json.loads(record.read_text())
+    repo = _select_repo(root / "select")
+    selected = run_cli("select", "--repo", str(repo), "--base", "main", "--head", "HEAD", "--json")
+    outputs["ci-select"] = json.loads(selected.stdout)
+    planted = init_repo(root / "deps", PLANTED)
+    cache = ["--cache-dir", str(root / "cache")]
+    report = run_cli("check-deps", "--repo", str(planted), "--json", *cache)
+    outputs["ci-check-deps"] = json.loads(report.stdout)
+    git(planted, "checkout", "-q", "-b", "change")
+    write_tree(planted, {"kernels/common.py": "X = 2\n"})
+    commit_all(planted, "change a kernel helper")
+    missed = run_cli("check-deps", "--repo", str(planted), "--base", "main", "--json", *cache)
+    outputs["ci-check-deps-missed"] = json.loads(missed.stdout)
+    assert outputs["ci-check-deps-missed"]["missed"], "the planted change must miss a step"
+    outputs["reports-comparison"] = _comparison(root, record)
+    return outputs
+
+
+def _comparison(root: Path, record: Path) -> dict[str, Any]:
+    """``reports compare --json`` of the benchmark record against a baseline whose one test
+    failed and whose metric was 10 % faster."""
+    baseline = json.loads(record.read_text())
+    baseline.update(run_id="baseline")
+    baseline["tests"][0].update(outcome="failed", message="relative error 0.1")
+    for metric in baseline["metrics"]:
+        metric["value"] *= 0.9
+        metric["samples"] = [sample * 0.9 for sample in metric["samples"]]
+    baseline_path = root / "baseline.json"
+    baseline_path.write_text(json.dumps(baseline))
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        reports_main(["compare", "--run", str(record), "--baseline", str(baseline_path), "--json"])
+    document = json.loads(stdout.getvalue())
+    assert document["fixed"] and document["metrics"], document
+    return document
+
+
+# (output, path to the planted key, value or MISSING, schema) ; the path's last part is
+# the key or index that is replaced or deleted.
+FAULTS = [
+    ("run-record", ("kind",), MISSING),
+    ("run-record", ("kind",), "nightly"),
+    ("run-record", ("schema_version",), "2"),
+    ("run-record", ("duration_s",), "1.5 s"),
+    ("run-record", ("environment", "device"), ["H200"]),
+    ("run-record", ("tests", 0, "nodeid"), MISSING),
+    ("run-record", ("tests", 0, "outcome"), "maybe"),
+    ("run-record", ("tests", 0, "fields"), {"pair": 3}),
+    ("run-record", ("metrics", 0, "samples"), ["1.0"]),
+    ("run-record", ("metrics", 0, "higher_is_better"), MISSING),
+    ("benchmark-metrics", (0, "value"), "12.5"),
+    ("benchmark-metrics", (0, "unit"), MISSING),
+    ("benchmark-metrics", (0, "samples"), [None]),
+    ("benchmark-metrics", (0, "higher_is_better"), 0),
+    ("ci-select", ("steps",), MISSING),
+    ("ci-select", ("run_all",), "false"),
+    ("ci-select", ("changed_files",), "kernels/registry.py"),
+    ("ci-select", ("steps", 0, "selected"), 1),
+    ("ci-select", ("steps", 0, "key"), MISSING),
+    ("ci-check-deps", ("summary",), MISSING),
+    ("ci-check-deps", ("ok",), "false"),
+    ("ci-check-deps", ("steps", 0, "gaps", "static"), "2"),
+    ("ci-check-deps", ("steps", 0, "add", 0, "kind"), "dynamic"),
+    ("ci-check-deps-missed", ("missed", 0, "chain"), "a.py -> b.py"),
+    ("ci-check-deps-missed", ("missed", 0, "step"), MISSING),
+    ("reports-comparison", ("regression",), MISSING),
+    ("reports-comparison", ("fixed", 0, "current"), "green"),
+    ("reports-comparison", ("fixed", 0, "fields"), []),
+    ("reports-comparison", ("metrics", 0, "verdict"), "worse"),
+    ("reports-comparison", ("metrics", 0, "threshold"), None),
+]
+
+
+def _fault_id(fault: tuple) -> str:
+    output, path, value = fault
+    what = "missing" if value is MISSING else f"{type(value).__name__}"
+    return f"{output}-{'.'.join(map(str, path))}-{what}"
+
+
+def _planted(instance: Any, path: tuple, value: object) -> Any:
+    broken = copy.deepcopy(instance)
+    parent = broken
+    for key in path[:-1]:
+        parent = parent[key]
+    assert path[-1] in parent if isinstance(parent, dict) else path[-1] < len(parent)
+    if value is MISSING:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return broken
+
+
+@pytest.mark.parametrize(("output", "path", "value"), FAULTS, ids=map(_fault_id, FAULTS))
+def test_schema_refuses_a_planted_fault(real_outputs, output: str, path: tuple, value) -> None:
+    schema = output.removesuffix("-missed")
+    assert_matches_schema(real_outputs[output], schema)  # the real output passes
+    errors = schema_errors(_planted(real_outputs[output], path, value), schema)
+    assert errors, f"{schema} accepted {path} = {'<missing>' if value is MISSING else value!r}"
+
+
+def test_real_select_output_feeds_the_report(tmp_path: Path) -> None:
+    """``python -m ci select --json`` (a real subprocess) -> ``reports build --selection``:
+    the docs test that CI did not run is "not selected", not "removed"."""
+    repo = _select_repo(tmp_path / "repo")
+    selected = subprocess.run(
+        [sys.executable, "-m", "ci", "select", "--repo", str(repo), "--base", "main", "--json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert selected.returncode == 0, selected.stderr
+    selection_file = tmp_path / "selection.json"
+    selection_file.write_text(selected.stdout)
+    assert_matches_schema(json.loads(selected.stdout), "ci-select")
+
+    selection = load_selection(selection_file)
+    assert (selection.step("spec-decode").selected, selection.step("docs").selected) == (
+        True,
+        False,
+    )
+    spec = make_test("suites/spec/test_mtp.py::test_greedy", step="spec-decode")
+    docs = make_test("docs/test_links.py::test_links", step="docs")
+    baseline = write_record(make_run(spec, docs, run_id="base"), tmp_path / "base.json")
+    current = write_record(make_run(spec), tmp_path / "run.json")
+    comparison = compare_runs(load_record(current), load_record(baseline), selection=selection)
+    assert [change.nodeid for change in comparison.not_selected] == [docs.nodeid]
+    assert comparison.removed_tests == ()
+
+    report = tmp_path / "report.html"
+    argv = ["build", "--run", str(current), "--baseline", str(baseline)]
+    assert reports_main([*argv, "--selection", str(selection_file), "-o", str(report)]) == EXIT_OK
+    section = report.read_text(encoding="utf-8").split('<section id="selection">')[1]
+    section = section.split("</section>")[0]
+    assert "<code>spec-decode</code>" in section and "<code>docs</code>" in section
+    assert "&#39;kernels/registry.py&#39; matches dependency &#39;kernels/&#39;" in section
+    assert "<code>kernels/registry.py</code>" in section
