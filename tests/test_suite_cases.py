@@ -82,7 +82,7 @@ def _part_of(matrix: OutcomeMatrix, nodeid: str) -> tuple[str, str, str, str]:
         ),
         pytest.param(
             "suites/kernels/test_merged_group_hazard.py::test_merged_group_hazard"
-            "[gemma4-e2b-mtp-triton-fp32-full-d512-target-builder-serves-draft-verify]",
+            "[gemma4-e2b-mtp-full-d512-triton-fp32-target-builder-serves-draft-verify]",
             ("gemma4-e2b-mtp", "kernels", "triton", "fp32"),
             id="pair-backend-dtype-arguments",
         ),
