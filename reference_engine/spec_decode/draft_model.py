@@ -30,23 +30,12 @@ class DraftModelDrafter(OwnKVDrafter):
         draft, device = self.inputs.model, self.inputs.device
         forward_context = self.inputs.forward_context
         lengths = [len(r.token_ids) for r in requests]
-        starts = [self._valid_entries[r.request_id] for r in requests]
-        rows = StepRows(
-            request_ids=tuple(r.request_id for r in requests),
-            token_ids=torch.tensor(
-                [t for r, s in zip(requests, starts, strict=True) for t in r.token_ids[s:]]
-            ),
-            seq_lens=tuple(lengths),
-            query_lens=tuple(n - s for s, n in zip(starts, lengths, strict=True)),
-            block_ids=tuple(r.block_ids for r in requests),
-        )
+        rows, _ = self._catch_up_rows(requests)
         hidden = draft(rows.token_ids.to(device), forward_context(rows))
         token, prob = sample_drafts(
             draft.compute_logits(hidden[rows.last_rows]), requests, generator
         )
         tokens, probs = [token], [prob]
-        for request, length in zip(requests, lengths, strict=True):
-            self._valid_entries[request.request_id] = length
         for step in range(1, num_spec_tokens):
             rows = StepRows.decode(requests, tokens[-1], [n - 1 + step for n in lengths])
             hidden = draft(rows.token_ids.to(device), forward_context(rows))

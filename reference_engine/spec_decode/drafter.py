@@ -83,6 +83,26 @@ class OwnKVDrafter:
     def remove(self, request_id: str) -> None:
         self._valid_entries.pop(request_id, None)
 
+    def _catch_up_rows(self, requests: Sequence[ProposeRequest]) -> tuple[StepRows, list[int]]:
+        """The rows that run each request's entries from its first invalid one through its
+        last token (entry p holds token p + ``entry_lag``), and where each request starts.
+        The entries count as valid from here on."""
+        lag = self.entry_lag
+        starts = [self._valid_entries[r.request_id] for r in requests]
+        ends = [len(r.token_ids) - lag for r in requests]
+        rows = StepRows(
+            request_ids=tuple(r.request_id for r in requests),
+            token_ids=torch.tensor(
+                [t for r, s in zip(requests, starts, strict=True) for t in r.token_ids[s + lag :]]
+            ),
+            seq_lens=tuple(ends),
+            query_lens=tuple(end - start for start, end in zip(starts, ends, strict=True)),
+            block_ids=tuple(r.block_ids for r in requests),
+        )
+        for request, end in zip(requests, ends, strict=True):
+            self._valid_entries[request.request_id] = end
+        return rows, starts
+
 
 def sample_drafts(
     logits: torch.Tensor, requests: Sequence[ProposeRequest], generator: torch.Generator | None

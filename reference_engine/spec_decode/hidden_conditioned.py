@@ -31,16 +31,7 @@ class HiddenConditionedDrafter(OwnKVDrafter):
         draft, device = self.inputs.model, self.inputs.device
         forward_context = self.inputs.forward_context
         lengths = [len(r.token_ids) for r in requests]
-        starts = [self._valid_entries[r.request_id] for r in requests]
-        rows = StepRows(
-            request_ids=tuple(r.request_id for r in requests),
-            token_ids=torch.tensor(
-                [t for r, s in zip(requests, starts, strict=True) for t in r.token_ids[s + 1 :]]
-            ),
-            seq_lens=tuple(n - 1 for n in lengths),
-            query_lens=tuple(n - 1 - s for s, n in zip(starts, lengths, strict=True)),
-            block_ids=tuple(r.block_ids for r in requests),
-        )
+        rows, starts = self._catch_up_rows(requests)
         target_hidden = torch.cat(
             [
                 self.inputs.target_hidden.read(r.request_id, s, n - 1)
@@ -51,8 +42,6 @@ class HiddenConditionedDrafter(OwnKVDrafter):
         last = rows.last_rows
         token, prob = sample_drafts(draft.compute_logits(normed[last]), requests, generator)
         tokens, probs, feedback = [token], [prob], feedback[last]
-        for request, length in zip(requests, lengths, strict=True):
-            self._valid_entries[request.request_id] = length - 1
         for step in range(1, num_spec_tokens):
             rows = StepRows.decode(requests, tokens[-1], [n - 2 + step for n in lengths])
             normed, feedback = draft(rows.token_ids.to(device), feedback, forward_context(rows))
