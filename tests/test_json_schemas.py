@@ -48,6 +48,7 @@ from tests.test_pairs_cli import E2B
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
+COMMITTED_SWEEP = RESULTS / "h200-2026-12-02-tune-verify-d512.json"
 
 
 def test_schema_folder_holds_exactly_the_contracts() -> None:
@@ -149,6 +150,8 @@ def real_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     configs = ["inspect", *E2B, "--json"]
     outputs["reference-engine-inspect@configs"] = _printed_json(engine_main, configs, exit_code=0)
     outputs["bugzoo-results"] = _zoo_results(tmp_path_factory.mktemp("zoo"))
+    # tune_attention needs CUDA: its real output here is a committed sweep from an H200
+    outputs["benchmark-tune-attention"] = json.loads(COMMITTED_SWEEP.read_text())
     return outputs
 
 
@@ -217,6 +220,14 @@ FAULTS = [
     ("reference-engine-inspect", ("kv_cache_groups", 0, "layers"), []),
     ("reference-engine-inspect@configs", ("scaling", 0, "model"), "assistant"),
     ("reference-engine-inspect@configs", ("scaling", 0, "tiny"), MISSING),
+    ("benchmark-tune-attention", ("verify.gemma4-e2b-full-d512.b64x8k", 0, "median_us"), "357"),
+    ("benchmark-tune-attention", ("verify.gemma4-e2b-full-d512.b64x8k", 0, "heuristic"), MISSING),
+    ("benchmark-tune-attention", ("verify.gemma4-e2b-full-d512.b64x8k", 0, "config"), "fastest"),
+    (
+        "benchmark-tune-attention",
+        ("verify.gemma4-e2b-full-d512.b64x8k", 0, "config", "num_warps"),
+        MISSING,
+    ),
     ("bugzoo-results", ("load_average",), [0.5, 0.4, 0.3]),
     ("bugzoo-results", ("baseline", "id"), "unpatched"),
     ("bugzoo-results", ("entries", 0, "caught"), "yes"),
