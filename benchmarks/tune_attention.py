@@ -172,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: the sweep needs a CUDA device", file=sys.stderr)
         return 2
     from benchmarks.attention_cases import SHAPES, cases
+    from reports.atomic import write_text_atomic
 
     shape_names = args.shapes.split(",") if args.shapes else list(SHAPES)
     device = torch.device("cuda")
@@ -195,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"   {r['median_us']:8.1f} us {r['tb_per_s']:5.2f} TB/s  {r['config']}")
         sys.stdout.flush()
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+        write_text_atomic(args.json, json.dumps(report, indent=1))
     return 0
 
 

@@ -8,6 +8,7 @@ the readers keep their own checks with file-and-field messages.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from pathlib import Path
@@ -16,7 +17,19 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
-SCHEMAS = ("run-record", "ci-select", "ci-check-deps", "benchmark-metrics", "reports-comparison")
+SCHEMAS = (
+    "run-record",
+    "ci-select",
+    "ci-check-deps",
+    "ci-check-deps-baseline",
+    "benchmark-metrics",
+    "benchmark-tune-attention",
+    "reports-comparison",
+    "reference-engine-inspect",
+    "reference-engine-generate",
+    "bugzoo-results",
+)
+MISSING = object()  # a planted fault that deletes the key
 
 
 def schema_path(name: str) -> Path:
@@ -45,3 +58,32 @@ def assert_matches_schema(instance: Any, name: str) -> None:
 
 def assert_file_matches_schema(path: Path, name: str) -> None:
     assert_matches_schema(json.loads(path.read_text(encoding="utf-8")), name)
+
+
+def planted(instance: Any, path: tuple, value: object) -> Any:
+    """A copy of ``instance`` with the key or index at ``path`` set to ``value``, or deleted
+    when ``value`` is ``MISSING``; the key must exist, so a fault never lands beside the data."""
+    broken = copy.deepcopy(instance)
+    parent = broken
+    for key in path[:-1]:
+        parent = parent[key]
+    assert path[-1] in parent if isinstance(parent, dict) else path[-1] < len(parent)
+    if value is MISSING:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return broken
+
+
+def assert_refuses_planted_fault(instance: Any, name: str, path: tuple, value: object) -> None:
+    """``instance`` (a writer's real output) matches schema ``name``, and the same output
+    with one planted fault does not."""
+    assert_matches_schema(instance, name)
+    errors = schema_errors(planted(instance, path, value), name)
+    assert errors, f"{name} accepted {path} = {'<missing>' if value is MISSING else value!r}"
+
+
+def fault_id(path: tuple, value: object) -> str:
+    """A readable test id: the path and what was planted there."""
+    what = "missing" if value is MISSING else type(value).__name__
+    return f"{'.'.join(map(str, path))}-{what}"

@@ -6,6 +6,7 @@ the zoo, and so do a patch that does not apply and a baseline that fails.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import yaml
 
 from bugzoo.__main__ import main
 from bugzoo.zoo import ZooError, load_entries, markdown_table, run_zoo
+from tests.json_schemas import assert_file_matches_schema
 
 SOURCE = "def add(a, b):\n    return a + b\n"
 TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
@@ -46,15 +48,20 @@ def entry(name: str, patch: str) -> dict:
     }
 
 
+def make_repo(root: Path) -> Path:
+    """A tiny repository: calc.py, its test, and an empty zoo."""
+    (root / "calc.py").write_text(SOURCE)
+    (root / "test_calc.py").write_text(TEST)
+    (root / "zoo" / "patches").mkdir(parents=True)
+    git(root, "init", "-q")
+    git(root, "add", "calc.py", "test_calc.py")
+    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny")
+    return root
+
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    (tmp_path / "calc.py").write_text(SOURCE)
-    (tmp_path / "test_calc.py").write_text(TEST)
-    (tmp_path / "zoo" / "patches").mkdir(parents=True)
-    git(tmp_path, "init", "-q")
-    git(tmp_path, "add", "calc.py", "test_calc.py")
-    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny")
-    return tmp_path
+    return make_repo(tmp_path)
 
 
 def write_entries(repo: Path, entries: list[dict]) -> Path:
@@ -80,8 +87,12 @@ def test_caught_and_uncaught_patches(repo: Path) -> None:
 def test_an_uncaught_patch_fails_the_zoo(repo: Path, capsys: pytest.CaptureFixture) -> None:
     uncaught = make_patch(repo, "comment", SOURCE + "# harmless\n")
     zoo = write_entries(repo, [entry("comment", uncaught)])
-    assert main(["--root", str(repo), "--zoo", str(zoo), "-n", "0"]) == 1
+    results = repo / "out" / "zoo.json"
+    assert main(["--root", str(repo), "--zoo", str(zoo), "-n", "0", "--json", str(results)]) == 1
     assert "FAILED comment: NOT CAUGHT" in capsys.readouterr().err
+    assert_file_matches_schema(results, "bugzoo-results")
+    document = json.loads(results.read_text())
+    assert document["baseline"]["caught"] and not document["entries"][0]["caught"]
 
 
 def test_a_caught_patch_passes_the_zoo(repo: Path) -> None:

@@ -10,7 +10,6 @@ fixtures here produce one small real output per schema to plant faults in.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
 import subprocess
@@ -19,9 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from jsonschema import Draft202012Validator
 
-from benchmarks import bench_metadata
+from benchmarks import bench_metadata, tune_attention
+from bugzoo.__main__ import main as bugzoo_main
+from reference_engine.__main__ import main as engine_main
 from reports.cli import EXIT_OK
 from reports.cli import main as reports_main
 from reports.compare import compare_runs
@@ -31,21 +33,26 @@ from tests.ci.helpers import commit_all, git, init_repo, run_cli, write_tree
 from tests.ci.test_ci_changes import AREAS
 from tests.ci.test_ci_deps import PLANTED
 from tests.json_schemas import (
+    MISSING,
     SCHEMA_DIR,
     SCHEMAS,
+    assert_file_matches_schema,
     assert_matches_schema,
-    schema_errors,
+    assert_refuses_planted_fault,
+    fault_id,
     schema_path,
 )
 from tests.reports.records import make_run, make_test
+from tests.test_bugzoo import SOURCE, entry, make_patch, make_repo, write_entries
+from tests.test_pairs_cli import E2B
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
-MISSING = object()  # a planted fault that deletes the key
+COMMITTED_SWEEP = RESULTS / "h200-2026-12-02-tune-verify-d512.json"
 
 
 def test_schema_folder_holds_exactly_the_contracts() -> None:
-    assert sorted(path.name for path in SCHEMA_DIR.glob("*")) == sorted(
+    assert sorted(path.name for path in SCHEMA_DIR.glob("*.json")) == sorted(
         schema_path(name).name for name in SCHEMAS
     )
 
@@ -66,14 +73,15 @@ def _committed_results() -> list[Any]:
         elif isinstance(data, list):
             name = "benchmark-metrics"
         else:
-            continue  # tune_attention's sweep reports: no contract between packages
+            name = "benchmark-tune-attention"
         params.append(pytest.param(path, name, id=str(path.relative_to(RESULTS))))
     return params
 
 
 @pytest.mark.parametrize(("path", "name"), _committed_results())
 def test_committed_results_match_their_schema(path: Path, name: str) -> None:
-    """Records and metric lists written by earlier versions still match the contract."""
+    """Records, metric lists and sweep reports written by earlier versions (on the GPU)
+    still match the contract."""
     assert_matches_schema(json.loads(path.read_text(encoding="utf-8")), name)
 
 
@@ -86,9 +94,32 @@ def _select_repo(root: Path) -> Path:
     return repo
 
 
+def _printed_json(main, argv: list[str], exit_code: int) -> Any:
+    """What an in-process ``main(argv)`` prints to stdout, parsed; its exit code checked."""
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(argv) == exit_code
+    return json.loads(stdout.getvalue())
+
+
+def _zoo_results(root: Path) -> Any:
+    """``python -m bugzoo --json`` on a tiny repository with one caught patch."""
+    repo = make_repo(root)
+    caught = make_patch(repo, "subtracts", SOURCE.replace("a + b", "a - b"))
+    zoo = write_entries(repo, [entry("subtracts", caught)])
+    results = root / "zoo.json"
+    with contextlib.redirect_stdout(io.StringIO()):
+        argv = ["--root", str(repo), "--zoo", str(zoo), "-n", "0", "--json", str(results)]
+        assert bugzoo_main(argv) == 0
+    return json.loads(results.read_text())
+
+
 @pytest.fixture(scope="module")
 def real_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One small real output of every writer, by schema (check-deps: both of its modes)."""
+    """One small real output of every writer, by output name (``SCHEMA`` or
+    ``SCHEMA@VARIANT`` where a writer has several modes). ``reference_engine generate``'s
+    summary is checked by its own test (suites/spec_decode/test_generate_cli.py): an engine
+    run is too slow to repeat here."""
     root = tmp_path_factory.mktemp("writers")
     outputs: dict[str, Any] = {}
     metrics, record = root / "metrics.json", root / "record.json"
@@ -103,13 +134,24 @@ def real_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     cache = ["--cache-dir", str(root / "cache")]
     report = run_cli("check-deps", "--repo", str(planted), "--json", *cache)
     outputs["ci-check-deps"] = json.loads(report.stdout)
+    baseline = root / "deps-baseline.json"
+    run_cli("check-deps", "--repo", str(planted), "--write-baseline", str(baseline), *cache)
+    outputs["ci-check-deps-baseline"] = json.loads(baseline.read_text())
+    assert outputs["ci-check-deps-baseline"]["steps"], "the planted gap must be recorded"
     git(planted, "checkout", "-q", "-b", "change")
     write_tree(planted, {"kernels/common.py": "X = 2\n"})
     commit_all(planted, "change a kernel helper")
     missed = run_cli("check-deps", "--repo", str(planted), "--base", "main", "--json", *cache)
-    outputs["ci-check-deps-missed"] = json.loads(missed.stdout)
-    assert outputs["ci-check-deps-missed"]["missed"], "the planted change must miss a step"
+    outputs["ci-check-deps@missed"] = json.loads(missed.stdout)
+    assert outputs["ci-check-deps@missed"]["missed"], "the planted change must miss a step"
     outputs["reports-comparison"] = _comparison(root, record)
+    legacy = ["inspect", "gemma4-e4b-mtp", "--policy", "legacy", "--tp", "2", "--json"]
+    outputs["reference-engine-inspect"] = _printed_json(engine_main, legacy, exit_code=1)
+    configs = ["inspect", *E2B, "--json"]
+    outputs["reference-engine-inspect@configs"] = _printed_json(engine_main, configs, exit_code=0)
+    outputs["bugzoo-results"] = _zoo_results(tmp_path_factory.mktemp("zoo"))
+    # tune_attention needs CUDA: its real output here is a committed sweep from an H200
+    outputs["benchmark-tune-attention"] = json.loads(COMMITTED_SWEEP.read_text())
     return outputs
 
 
@@ -158,41 +200,55 @@ FAULTS = [
     ("ci-check-deps", ("ok",), "false"),
     ("ci-check-deps", ("steps", 0, "gaps", "static"), "2"),
     ("ci-check-deps", ("steps", 0, "add", 0, "kind"), "dynamic"),
-    ("ci-check-deps-missed", ("missed", 0, "chain"), "a.py -> b.py"),
-    ("ci-check-deps-missed", ("missed", 0, "step"), MISSING),
+    ("ci-check-deps@missed", ("missed", 0, "chain"), "a.py -> b.py"),
+    ("ci-check-deps@missed", ("missed", 0, "step"), MISSING),
+    ("ci-check-deps-baseline", ("format",), "ci-check-deps-baseline/2"),
+    ("ci-check-deps-baseline", ("orphan_tests",), MISSING),
+    ("ci-check-deps-baseline", ("steps", "spec-mtp", "entries"), "kernels/"),
+    ("ci-check-deps-baseline", ("steps", "spec-mtp", "problems"), MISSING),
     ("reports-comparison", ("regression",), MISSING),
     ("reports-comparison", ("fixed", 0, "current"), "green"),
     ("reports-comparison", ("fixed", 0, "fields"), []),
     ("reports-comparison", ("metrics", 0, "verdict"), "worse"),
     ("reports-comparison", ("metrics", 0, "threshold"), None),
+    ("reference-engine-inspect", ("error",), MISSING),
+    ("reference-engine-inspect", ("tp",), "2"),
+    ("reference-engine-inspect", ("policy",), "strict"),
+    ("reference-engine-inspect", ("kv_cache_groups", 0, "spec", "block_size"), "16"),
+    ("reference-engine-inspect", ("kv_cache_groups", 0, "attention_groups", 0, "num_heads_q"), 0),
+    ("reference-engine-inspect", ("kv_cache_groups", 0, "attention_groups", 0, "backend"), MISSING),
+    ("reference-engine-inspect", ("kv_cache_groups", 0, "layers"), []),
+    ("reference-engine-inspect@configs", ("scaling", 0, "model"), "assistant"),
+    ("reference-engine-inspect@configs", ("scaling", 0, "tiny"), MISSING),
+    ("benchmark-tune-attention", ("verify.gemma4-e2b-full-d512.b64x8k", 0, "median_us"), "357"),
+    ("benchmark-tune-attention", ("verify.gemma4-e2b-full-d512.b64x8k", 0, "heuristic"), MISSING),
+    ("benchmark-tune-attention", ("verify.gemma4-e2b-full-d512.b64x8k", 0, "config"), "fastest"),
+    (
+        "benchmark-tune-attention",
+        ("verify.gemma4-e2b-full-d512.b64x8k", 0, "config", "num_warps"),
+        MISSING,
+    ),
+    ("bugzoo-results", ("load_average",), [0.5, 0.4, 0.3]),
+    ("bugzoo-results", ("baseline", "id"), "unpatched"),
+    ("bugzoo-results", ("entries", 0, "caught"), "yes"),
+    ("bugzoo-results", ("entries", 0, "seconds"), -1.0),
+    ("bugzoo-results", ("entries", 0, "output_tail"), MISSING),
 ]
 
 
-def _fault_id(fault: tuple) -> str:
-    output, path, value = fault
-    what = "missing" if value is MISSING else f"{type(value).__name__}"
-    return f"{output}-{'.'.join(map(str, path))}-{what}"
-
-
-def _planted(instance: Any, path: tuple, value: object) -> Any:
-    broken = copy.deepcopy(instance)
-    parent = broken
-    for key in path[:-1]:
-        parent = parent[key]
-    assert path[-1] in parent if isinstance(parent, dict) else path[-1] < len(parent)
-    if value is MISSING:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
-    return broken
-
-
-@pytest.mark.parametrize(("output", "path", "value"), FAULTS, ids=map(_fault_id, FAULTS))
+@pytest.mark.parametrize(
+    ("output", "path", "value"),
+    FAULTS,
+    ids=[f"{output}-{fault_id(path, value)}" for output, path, value in FAULTS],
+)
 def test_schema_refuses_a_planted_fault(real_outputs, output: str, path: tuple, value) -> None:
-    schema = output.removesuffix("-missed")
-    assert_matches_schema(real_outputs[output], schema)  # the real output passes
-    errors = schema_errors(_planted(real_outputs[output], path, value), schema)
-    assert errors, f"{schema} accepted {path} = {'<missing>' if value is MISSING else value!r}"
+    schema = output.partition("@")[0]
+    assert_refuses_planted_fault(real_outputs[output], schema, path, value)
+
+
+def test_every_real_output_has_a_planted_fault(real_outputs) -> None:
+    """No writer's output is left out of the fault table (generate's is in its own test)."""
+    assert {output for output, _, _ in FAULTS} == set(real_outputs)
 
 
 def test_real_select_output_feeds_the_report(tmp_path: Path) -> None:
@@ -232,3 +288,17 @@ def test_real_select_output_feeds_the_report(tmp_path: Path) -> None:
     assert "<code>spec-decode</code>" in section and "<code>docs</code>" in section
     assert "&#39;kernels/registry.py&#39; matches dependency &#39;kernels/&#39;" in section
     assert "<code>kernels/registry.py</code>" in section
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_tune_attention_sweep_matches_its_schema(tmp_path: Path) -> None:
+    """The smallest sweep the CLI allows: one case, the launcher's choice and one config."""
+    report = tmp_path / "tune.json"
+    one_config = ["--tile-sizes", "64", "--num-warps", "4", "--num-stages", "2"]
+    argv = ["--shapes", "llama3-8b-d128", "--modes", "decode", "--runs", "2", *one_config]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert tune_attention.main([*argv, "--num-segments", "16", "--json", str(report)]) == 0
+    assert_file_matches_schema(report, "benchmark-tune-attention")
+    (results,) = json.loads(report.read_text()).values()
+    assert [result["heuristic"] for result in results].count(True) == 1

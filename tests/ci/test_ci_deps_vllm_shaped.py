@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.ci.helpers import RUN_CONFIG, commit_all, git, init_repo, run_cli, write_tree
-from tests.json_schemas import assert_matches_schema
+from tests.json_schemas import assert_file_matches_schema, assert_matches_schema
 
 NUM_MODELS = 40
 DEPENDENCY_CHECK = "dependency_check:\n  test_roots: [tests]\n"
@@ -222,6 +222,7 @@ def test_change_that_no_unselected_step_imports_passes(repo):
 def test_baseline_fails_only_on_a_newly_planted_gap(repo, tmp_path):
     baseline = tmp_path / "baseline.json"
     assert _check(repo, "--write-baseline", str(baseline)).exit_code == 0
+    assert_file_matches_schema(baseline, "ci-check-deps-baseline")
     assert _check(repo, "--baseline", str(baseline)).exit_code == 0
     write_tree(
         repo,
