@@ -377,7 +377,11 @@ def _merge_segments_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PADDED: tl.constexpr,
 ):
-    """Log-sum-exp merge of the segments of one token's query heads into the output."""
+    """Log-sum-exp merge of the segments of one token's query heads into the output.
+
+    The segments' partial outputs are summed one segment at a time: a [heads, segments,
+    head_size] tile would hold SCRATCH_SEGMENTS x head_size floats per head in registers
+    (64 KiB at 32 segments and head 512), most of them masked off."""
     token = tl.program_id(0)
     if token >= tl.load(query_start_loc_ptr + num_seqs):
         return
@@ -387,19 +391,29 @@ def _merge_segments_kernel(
     mask = head_mask[:, None] & (segs < num_segments)[None, :]
     dims = tl.arange(0, HEAD_SIZE_PADDED)
     dim_mask = dims < HEAD_SIZE
-    rows = (token.to(tl.int64) * NUM_HEADS_Q + heads)[:, None] * SCRATCH_SEGMENTS + segs[None, :]
+    first_row = (token.to(tl.int64) * NUM_HEADS_Q + heads) * SCRATCH_SEGMENTS  # segment 0's
 
-    seg_max = tl.load(segm_max_ptr + rows, mask=mask, other=float("-inf"))
+    seg_max = tl.load(
+        segm_max_ptr + first_row[:, None] + segs[None, :], mask=mask, other=float("-inf")
+    )
     overall_max = tl.max(seg_max, axis=1)
     overall_max = tl.where(overall_max == float("-inf"), 0.0, overall_max)  # masked heads
     weight = tl.exp2(seg_max - overall_max[:, None])  # empty segments weigh 0
-    total = tl.sum(tl.load(segm_expsum_ptr + rows, mask=mask, other=0.0) * weight, axis=1)
-    partial = tl.load(
-        segm_output_ptr + rows[:, :, None] * HEAD_SIZE_PADDED + dims[None, None, :],
-        mask=mask[:, :, None] & dim_mask[None, None, :],
-        other=0.0,
-    )
-    out = tl.sum(partial * weight[:, :, None], axis=1) / tl.where(head_mask, total, 1.0)[:, None]
+    expsum = tl.load(segm_expsum_ptr + first_row[:, None] + segs[None, :], mask=mask, other=0.0)
+    total = tl.sum(expsum * weight, axis=1)
+    out = tl.zeros([HEADS_PER_PROGRAM, HEAD_SIZE_PADDED], dtype=tl.float32)
+    for segment in range(num_segments):
+        row = first_row + segment
+        segment_weight = tl.exp2(
+            tl.load(segm_max_ptr + row, mask=head_mask, other=float("-inf")) - overall_max
+        )
+        partial = tl.load(
+            segm_output_ptr + row[:, None] * HEAD_SIZE_PADDED + dims[None, :],
+            mask=head_mask[:, None] & dim_mask[None, :],
+            other=0.0,
+        )
+        out += partial * segment_weight[:, None]
+    out = out / tl.where(head_mask, total, 1.0)[:, None]
     tl.store(
         output_ptr
         + token.to(tl.int64) * stride_output_token
