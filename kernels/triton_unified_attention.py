@@ -186,6 +186,29 @@ def _soft_cap(scores, cap):
     return cap * (1.0 - 2.0 / (doubled + 1.0))
 
 
+@triton.jit
+def _visible(
+    row_valid, key_valid, key_pos, query_pos, sliding_window, USE_SLIDING_WINDOW: tl.constexpr
+):
+    """[rows, keys]: which keys a query row attends to (causal, within its window)."""
+    visible = row_valid[:, None] & key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
+    if USE_SLIDING_WINDOW:
+        visible = visible & (query_pos[:, None] - key_pos[None, :] < sliding_window)
+    return visible
+
+
+@triton.jit
+def _online_softmax_step(scores, running_max, running_sum):
+    """One tile of the online softmax in base 2: the tile's unnormalised probabilities,
+    the factor that rescales what the earlier tiles summed, and the new running max and sum."""
+    new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+    # A row with nothing visible yet keeps max -inf; subtract 0 so exp2 gives 0, not NaN.
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    probs = tl.exp2(scores - safe_max[:, None])
+    rescale = tl.exp2(running_max - safe_max)
+    return probs, rescale, new_max, running_sum * rescale + tl.sum(probs, axis=1)
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_segments", "q_blocks_per_seq"])
 def _unified_attention_kernel(
     output_ptr,
@@ -320,23 +343,18 @@ def _unified_attention_kernel(
         scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
         if USE_SOFTCAP:
             scores = _soft_cap(scores, soft_cap) * 1.4426950408889634
-        visible = row_valid[:, None] & key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
-        if USE_SLIDING_WINDOW:
-            visible = visible & (query_pos[:, None] - key_pos[None, :] < sliding_window)
+        visible = _visible(
+            row_valid, key_valid, key_pos, query_pos, sliding_window, USE_SLIDING_WINDOW
+        )
         scores = tl.where(visible, scores, float("-inf"))
-
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        # A row with nothing visible yet keeps max -inf; subtract 0 so exp2 gives 0, not NaN.
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        probs = tl.exp2(scores - safe_max[:, None])
-        rescale = tl.exp2(running_max - safe_max)
-        running_sum = running_sum * rescale + tl.sum(probs, axis=1)
+        probs, rescale, running_max, running_sum = _online_softmax_step(
+            scores, running_max, running_sum
+        )
         probs = probs.to(v.dtype)
         if DOT_IN_FP32:
             probs = probs.to(tl.float32)
             v = v.to(tl.float32)
         acc = tl.dot(probs, v, acc * rescale[:, None], input_precision=DOT_PRECISION)
-        running_max = new_max
 
     if SPLIT_KV:
         segm_row = (token * NUM_HEADS_Q + head) * SCRATCH_SEGMENTS + segment
