@@ -8,6 +8,8 @@ set -euo pipefail
 dir=${1:-.whl}
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
            --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+# The tools are unpinned: a fresh folder each time, or two versions of one package stop the install.
+rm -rf "$dir/tools"
 mkdir -p "$dir/tools"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
   -d "$dir" flashinfer-python==0.6.13 apache-tvm-ffi==0.1.15.post2 nvidia-cudnn-frontend==1.32.0

@@ -3,6 +3,8 @@ pyproject.toml: the repository keeps them, and a planted upward import or cycle 
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -16,11 +18,15 @@ LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
-    """``lint-imports`` with the contracts of ``root/pyproject.toml`` over the packages in ``root``."""
+    """``lint-imports`` with the contracts of ``root/pyproject.toml`` over the packages in ``root``.
+
+    The packages are found in ``root`` first; import-linter where this interpreter finds it
+    (a GPU image installs it in a folder of its own, beside a copy of the project)."""
+    linter_home = Path(importlib.util.find_spec("importlinter").origin).parents[1]
     return subprocess.run(
         [sys.executable, "-c", LINT_IMPORTS, "--no-cache"],
         cwd=root,
-        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": os.pathsep.join((str(root), str(linter_home))), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=120,
