@@ -38,6 +38,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from reference_engine.pair_options import PAIRS_ENV, pairs_file_from_env
+from reference_engine.pairs_file import PairsFileError, register_pairs_file
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOG_TAIL_CHARS = 4000
 POLL_INTERVAL_S = 0.1
@@ -249,6 +252,17 @@ def init_rank(device_type: str) -> RankContext:
     return RankContext(rank, world_size, local_rank, device, dist.group.WORLD)
 
 
+def _register_env_pairs() -> None:
+    """The pairs of the pairs file the suites run with (``--pairs`` sets ``$AGC_PAIRS`` for
+    the processes they start), so that a rank finds a pair the launching test named."""
+    path = pairs_file_from_env()
+    if path is not None:
+        try:
+            register_pairs_file(path)
+        except PairsFileError as error:
+            raise TPLaunchError(f"${PAIRS_ENV}: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """One rank: exit 2 on a bad entry or environment, 1 (with its traceback) when the entry raises."""
     parser = argparse.ArgumentParser(description="one tensor-parallel rank (see suites.tp_launch)")
@@ -258,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kwargs_file = args.work_dir / "kwargs.json"
     try:
+        _register_env_pairs()
         function = resolve_entry(args.entry)
         if not kwargs_file.is_file():
             raise TPLaunchError(f"{kwargs_file}: missing (the entry's keyword arguments as JSON)")

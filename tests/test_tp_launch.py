@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from reference_engine.model_pairs import get_model_pair
+from reference_engine.pair_options import PAIRS_ENV
 from suites.tp_launch import (
     RankContext,
     TPLaunchError,
@@ -25,6 +27,7 @@ from suites.tp_launch import (
 )
 
 TP_SIZE = 2
+REGRESSION_PAIRS = Path(__file__).resolve().parents[1] / "suites" / "data" / "regression_pairs.yaml"
 TIMEOUT_S = 300
 HANG_TIMEOUT_S = 5
 TORCHRUN_ENV = (
@@ -56,6 +59,10 @@ def fail_on_rank(ctx: RankContext, failing_rank: int) -> None:
 
 def hang(ctx: RankContext) -> None:
     time.sleep(TIMEOUT_S)
+
+
+def known_pair(ctx: RankContext, name: str) -> str:
+    return get_model_pair(name).name
 
 
 @pytest.mark.parametrize("device_type", ["cpu", "cuda"], ids=["gloo", "nccl-tp2"])
@@ -172,3 +179,19 @@ def test_a_rank_with_bad_input_exits_2_without_traceback(
     err = capsys.readouterr().err
     assert code == 2
     assert expected in err and "Traceback" not in err
+
+
+def test_ranks_know_the_pairs_of_the_suites_pairs_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pytest --pairs FILE`` sets ``$AGC_PAIRS``; a rank must find the file's pairs too."""
+    monkeypatch.setenv(PAIRS_ENV, str(REGRESSION_PAIRS))
+    results = launch(
+        f"{__name__}:known_pair",
+        {"name": "mistral-window8-draft"},
+        world_size=TP_SIZE,
+        device_type="cpu",
+        work_dir=tmp_path,
+        timeout_s=TIMEOUT_S,
+    )
+    assert results == ["mistral-window8-draft"] * TP_SIZE
