@@ -136,6 +136,11 @@ def describe_path(backend_name: str, case: Case, metadata) -> str:
         return metadata.plan.choice(metadata.common).describe()
     if backend_name == "vllm-triton":
         return f"vllm-{split_kv_path(metadata, case.num_heads_q, case.shape.num_kv_heads)}"
+    return triton_path(case, metadata.seq_threshold_3d)
+
+
+def triton_path(case: Case, seq_threshold_3d: int | None = None) -> str:
+    """The path our Triton launcher takes for a case (with split-KV scratch allocated)."""
     return select_path(
         num_seqs=case.batch_size,
         max_query_len=case.query_len,
@@ -143,7 +148,7 @@ def describe_path(backend_name: str, case: Case, metadata) -> str:
         num_kv_heads=case.shape.num_kv_heads,
         head_size=case.shape.head_size,
         has_scratch=True,
-        seq_threshold_3d=metadata.seq_threshold_3d,
+        seq_threshold_3d=seq_threshold_3d,
     )
 
 

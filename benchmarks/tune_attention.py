@@ -43,14 +43,13 @@ class SweepSpace:
 def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> list[dict]:
     import torch
 
-    from benchmarks.attention_runner import KVCache, step_metadata
+    from benchmarks.attention_runner import KVCache, step_metadata, triton_path
     from benchmarks.timing import l2_flush_buffer, time_cuda
     from kernels.split_kv_scratch import SplitKVScratch
     from kernels.triton_launch_config import (
         DEFAULT_NUM_SEGMENTS,
         LaunchConfig,
         choose_launch_config,
-        select_path,
     )
     from kernels.triton_unified_attention import unified_attention
 
@@ -64,14 +63,7 @@ def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> lis
         dtype=cache.key_cache.dtype,
     )
     output = torch.empty_like(query)
-    path = select_path(
-        num_seqs=case.batch_size,
-        max_query_len=case.query_len,
-        num_heads_q=case.num_heads_q,
-        num_kv_heads=case.shape.num_kv_heads,
-        head_size=case.shape.head_size,
-        has_scratch=True,
-    )
+    path = triton_path(case)
     scratch = SplitKVScratch.allocate(
         common.num_actual_tokens,
         case.num_heads_q,
