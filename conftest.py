@@ -1,5 +1,5 @@
 """Repository-wide pytest options: the suites' ``--engine``, ``--device`` and ``--pairs``
-(used in ``suites/conftest.py``; declared here so that a run naming no path, such as
+(used in ``attngroup/suites/conftest.py``; declared here so that a run naming no path, such as
 ``pytest -k mtp --pairs FILE``, knows them), and ``--shard INDEX/COUNT``, which runs one
 deterministic slice.
 
@@ -17,7 +17,7 @@ import zlib
 
 import pytest
 
-from reference_engine.pair_options import PAIRS_ENV, pairs_file_from_env
+from attngroup.reference_engine.pair_options import PAIRS_ENV, pairs_file_from_env
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -1,14 +1,18 @@
 """nox sessions: `nox -l` lists them.
 
-CPU sessions install the CPU build of torch (pinned: an unpinned torch pulls a
-multi-GB CUDA build) and the project in a virtualenv. GPU machines are
-prepared images without network, so `gpu_tests` and `bench` run in the
-current interpreter (``venv_backend="none"``).
+CPU sessions install the project in a virtualenv at the versions of the lock,
+requirements/lock.txt (`nox -s lock` refreshes it; torch is the CPU build pinned in
+requirements/lock.in: an unpinned torch pulls a multi-GB CUDA build). `tests_latest`
+alone takes the newest releases, as an upstream canary. GPU machines are prepared
+images without network, so `gpu_tests` and `bench` run in the current interpreter
+(``venv_backend="none"``).
 """
 
 from __future__ import annotations
 
+import re
 import sys
+import tomllib
 from pathlib import Path
 
 import nox
@@ -16,13 +20,23 @@ import nox
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
-CPU_TORCH = "torch==2.13.0"
 OUT = Path("out")
+LOCK = "requirements/lock.txt"
+LOCK_INPUT = Path("requirements/lock.in")
+EXTRAS = tomllib.loads(Path("pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def _pinned(name: str) -> str:
+    """A hand-written pin of requirements/lock.in, e.g. ``torch==2.13.0``."""
+    match = re.search(rf"^{re.escape(name)}==\S+", LOCK_INPUT.read_text(), flags=re.M)
+    if match is None:
+        raise RuntimeError(f"{LOCK_INPUT} pins no {name}")
+    return match.group(0)
 
 
 def _install_project(session: nox.Session, extras: str = "test") -> None:
-    session.install(CPU_TORCH)
-    session.install("-e", f".[{extras}]")
+    """The project, its extras and the CPU torch, at the versions of the lock."""
+    session.install("-c", LOCK, "torch", "-e", f".[{extras}]")
 
 
 def _run_suites_with_report(
@@ -52,7 +66,7 @@ def _run_suites_with_report(
             session.run(
                 "python",
                 "-m",
-                "reports",
+                "attngroup.reports",
                 "build",
                 "--run",
                 str(record),
@@ -63,7 +77,7 @@ def _run_suites_with_report(
             session.run(
                 "python",
                 "-m",
-                "reports",
+                "attngroup.reports",
                 "archive",
                 "--run",
                 str(record),
@@ -75,14 +89,25 @@ def _run_suites_with_report(
 
 @nox.session(venv_backend="none", default=False)
 def dev(session: nox.Session) -> None:
-    """A .venv for everyday commands: the project with its test extras and the CPU torch.
+    """A .venv for everyday commands: the project with its test and lint extras and the CPU torch (locked).
 
-    Then `source .venv/bin/activate` and run pytest or `python -m reference_engine`
+    Then `source .venv/bin/activate` and run pytest or `python -m attngroup.reference_engine`
     directly (the nox virtualenvs are rebuilt per session and not meant for that)."""
     session.run(sys.executable, "-m", "venv", ".venv", external=True)
     python = str(Path(".venv") / "bin" / "python")
-    session.run(python, "-m", "pip", "install", "-q", CPU_TORCH, external=True)
-    session.run(python, "-m", "pip", "install", "-q", "-e", ".[test]", external=True)
+    session.run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "-c",
+        LOCK,
+        "torch",
+        "-e",
+        ".[test,lint]",
+        external=True,
+    )
     session.log("ready: source .venv/bin/activate")
 
 
@@ -103,11 +128,55 @@ def tests(session: nox.Session) -> None:
     )
 
 
+@nox.session(default=False)
+def tests_latest(session: nox.Session) -> None:
+    """Upstream canary: the quick suite on the newest release of every dependency (no lock).
+
+    torch stays the CPU pin of requirements/lock.in; the versions it ran with are printed
+    first, so an upstream break is one named failing job, never every submission failing."""
+    session.install("--upgrade", "--upgrade-strategy", "eager", _pinned("torch"), "-e", ".[test]")
+    session.run("python", "-m", "pip", "freeze", "--exclude-editable")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-n",
+        "2",
+        "-m",
+        "not slow",
+        *session.posargs,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
+
+
+@nox.session(default=False)
+def lock(session: nox.Session) -> None:
+    """Refresh requirements/lock.txt from pyproject.toml and requirements/lock.in (newest releases)."""
+    session.install("uv")
+    session.run(
+        "uv",
+        "pip",
+        "compile",
+        "pyproject.toml",
+        str(LOCK_INPUT),
+        "--all-extras",
+        "--upgrade",
+        "--python-version",
+        "3.11",
+        "--python-platform",
+        "x86_64-manylinux_2_28",
+        "-o",
+        LOCK,
+    )
+
+
 @nox.session
 def conformance(session: nox.Session) -> None:
     """The main job: the conformance suites on the default device, then the HTML report."""
     _install_project(session)
-    _run_suites_with_report(session, "conformance", ["suites", "-n", "2", "-m", "not slow"])
+    _run_suites_with_report(
+        session, "conformance", ["attngroup/suites", "-n", "2", "-m", "not slow"]
+    )
 
 
 @nox.session(venv_backend="none", default=False)
@@ -121,13 +190,13 @@ def gpu_tests(session: nox.Session) -> None:
         "import torch; assert torch.cuda.is_available(), 'gpu_tests needs a CUDA device'",
     )
     # The raw FlashInfer probe launches with a wrong head count on purpose and may fault the
-    # device: it runs in its own process (see suites/kernels/test_merged_group_hazard.py).
+    # device: it runs in its own process (see attngroup/suites/kernels/test_merged_group_hazard.py).
     # One torch CPU thread per xdist worker: a worker per core, each with a pool as wide as the
     # machine, would oversubscribe the cores that model set-up and Triton compiles need.
     _run_suites_with_report(
         session,
         "gpu",
-        ["suites", "tests", "-k", "not unguarded_probe"],
+        ["attngroup/suites", "tests", "-k", "not unguarded_probe"],
         env={"OMP_NUM_THREADS": "1"},
     )
 
@@ -135,7 +204,7 @@ def gpu_tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, ruff format --check and the import contracts (lint-imports) over the repository."""
-    session.install("ruff", "import-linter")
+    session.install("-c", LOCK, *EXTRAS["lint"])
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("lint-imports")
@@ -147,16 +216,16 @@ def ci(session: nox.Session) -> None:
 
     Strict YAML lint, the dependency-gap check, and the selection for a base ref
     (`nox -s ci -- BASE`, default origin/main)."""
-    session.install("pyyaml", "jsonschema", "buildkite-sdk", "pytest>=8.4")
+    session.install("-c", LOCK, *EXTRAS["ci"])
     base = session.posargs[0] if session.posargs else "origin/main"
-    session.run("python", "-m", "ci", "lint", "--strict")
-    session.run("python", "-m", "ci", "check-deps")
-    session.run("python", "-m", "ci", "select", "--base", base, "--explain")
+    session.run("python", "-m", "attngroup.ci", "lint", "--strict")
+    session.run("python", "-m", "attngroup.ci", "check-deps")
+    session.run("python", "-m", "attngroup.ci", "select", "--base", base, "--explain")
 
 
 @nox.session(default=False)
 def bugzoo(session: nox.Session) -> None:
-    """The bug zoo: every cited bug (bugzoo/entries.yaml) planted in a scratch copy, each caught.
+    """The bug zoo: every cited bug (attngroup/bugzoo/entries.yaml) planted in a scratch copy, each caught.
 
     Fails unless the unpatched tree passes the tests an entry names and every patch makes
     one of them fail."""
@@ -164,7 +233,7 @@ def bugzoo(session: nox.Session) -> None:
     session.run(
         "python",
         "-m",
-        "bugzoo",
+        "attngroup.bugzoo",
         "--table",
         "--json",
         str(OUT / "bugzoo" / "results.json"),
@@ -180,7 +249,7 @@ def bench(session: nox.Session) -> None:
     session.run(
         "python",
         "-m",
-        "benchmarks.bench_attention",
+        "attngroup.benchmarks.bench_attention",
         "--json",
         str(OUT / "bench" / "attention.json"),
         "--record",

@@ -18,7 +18,7 @@ from pathlib import Path
 import nox
 
 VLLM_VERSIONS = ("0.22.1", "0.24.0", "0.34.0")
-CPU_TORCH = "torch==2.13.0"
+LOCK = "requirements/lock.txt"  # the CPU torch and the project's own dependencies
 #: What vLLM's grouping modules and the V1 runner import on a CPU machine.
 LIGHT_PACKAGES = (
     "psutil",
@@ -50,18 +50,18 @@ def vllm_conformance(session: nox.Session, vllm: str) -> None:
     """The grouping suite with ``--engine vllm`` against one vLLM version.
 
     Writes its run record and verdicts, then the verdict table of every version run."""
-    session.install(CPU_TORCH)
+    session.install("-c", LOCK, "torch")
     session.install("--no-deps", f"vllm=={vllm}")
     session.install(*LIGHT_PACKAGES)
     # The project with its test tools (pytest-xdist, hypothesis) in the venv itself: the
     # system site-packages give nothing to rely on (torch is pinned above, so no CUDA build).
-    session.install("-e", ".[test]", CPU_TORCH)
+    session.install("-c", LOCK, "-e", ".[test]", "torch")
     OUT.mkdir(parents=True, exist_ok=True)
     env = {"CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "WARNING"}
     session.run(
         "python",
         "-m",
-        "suites.grouping.vllm_verdicts",
+        "attngroup.suites.grouping.vllm_verdicts",
         "run",
         str(OUT / f"verdicts-{vllm}.json"),
         env=env,
@@ -71,7 +71,7 @@ def vllm_conformance(session: nox.Session, vllm: str) -> None:
         "python",
         "-m",
         "pytest",
-        "suites/grouping",
+        "attngroup/suites/grouping",
         "--engine",
         "vllm",
         "-n",
@@ -85,4 +85,4 @@ def vllm_conformance(session: nox.Session, vllm: str) -> None:
         success_codes=[0, 1],
     )
     verdict_files = sorted(str(path) for path in OUT.glob("verdicts-*.json"))
-    session.run("python", "-m", "suites.grouping.vllm_verdicts", "table", *verdict_files)
+    session.run("python", "-m", "attngroup.suites.grouping.vllm_verdicts", "table", *verdict_files)

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.attention_cases import SHAPES, Case, cases
-from benchmarks.attention_runner import ratio_metrics
-from benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
-from benchmarks.bench_attention import parse_args
-from benchmarks.timing import Timing
-from kernels.registry import BACKEND_PATHS, UnknownBackendError, get_backend
-from reports.record import load_record
+from attngroup.benchmarks.attention_cases import SHAPES, Case, cases
+from attngroup.benchmarks.attention_runner import ratio_metrics
+from attngroup.benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
+from attngroup.benchmarks.bench_attention import parse_args
+from attngroup.benchmarks.timing import Timing
+from attngroup.kernels.registry import BACKEND_PATHS, UnknownBackendError, get_backend
+from attngroup.reports.record import load_record
 from tests.json_schemas import assert_file_matches_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,14 @@ def tiny_dry_run(tmp_path_factory) -> DryRun:
     there is one (GPU images may carry an interpreter too old for NumPy 2), else interpreted."""
     out = tmp_path_factory.mktemp("bench")
     metrics, record = out / "attention.json", out / "record.json"
-    command = [sys.executable, "-m", "benchmarks.bench_attention", "--dry-run", "--tiny", "--quick"]
+    command = [
+        sys.executable,
+        "-m",
+        "attngroup.benchmarks.bench_attention",
+        "--dry-run",
+        "--tiny",
+        "--quick",
+    ]
     outputs = ["--json", str(metrics), "--record", str(record)]
     on_gpu = torch.cuda.is_available()
     if on_gpu:
@@ -81,7 +88,7 @@ def test_tiny_dry_run_writes_checked_metrics(tiny_dry_run: DryRun) -> None:
 def test_tiny_dry_run_writes_a_passing_run_record(tiny_dry_run: DryRun) -> None:
     """One passed pseudo-test per case; a dry run times nothing, so no metrics."""
     record = load_record(tiny_dry_run.record)
-    expected = [f"benchmarks/bench_attention.py::{case.name}" for case in QUICK_CASES]
+    expected = [f"attngroup/benchmarks/bench_attention.py::{case.name}" for case in QUICK_CASES]
     assert [test.nodeid for test in record.tests] == expected
     assert {test.outcome for test in record.tests} == {"passed"}
     assert (record.exit_status, record.metrics) == (0, ())

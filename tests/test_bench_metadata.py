@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_metadata
-from kernels.metadata import CommonAttentionMetadata
-from reports.record import load_record
+from attngroup.benchmarks import bench_metadata
+from attngroup.kernels.metadata import CommonAttentionMetadata
+from attngroup.reports.record import load_record
 from tests.json_schemas import assert_file_matches_schema
 
 
@@ -35,7 +35,7 @@ def test_tiny_run_writes_a_run_record(tmp_path: Path) -> None:
     argv = ["--device", "cpu", "--batch", "3", "--context-len", "100", "--runs", "3"]
     assert bench_metadata.main([*argv, "--record", str(out)]) == 0
     record = load_record(out)
-    nodeid = "benchmarks/bench_metadata.py::metadata.gemma4-e2b-mtp.b3"
+    nodeid = "attngroup/benchmarks/bench_metadata.py::metadata.gemma4-e2b-mtp.b3"
     assert [(test.nodeid, test.outcome) for test in record.tests] == [(nodeid, "passed")]
     (metric,) = record.metrics
     assert (metric.nodeid, metric.name, metric.unit, len(metric.samples)) == (

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.backend_names import MAX_RELATIVE_ERROR
-from benchmarks.run_record import (
+from attngroup.benchmarks.backend_names import MAX_RELATIVE_ERROR
+from attngroup.benchmarks.run_record import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     device_label,
@@ -23,13 +23,13 @@ from benchmarks.run_record import (
     split_name,
     to_run_record,
 )
-from reports.cli import main as reports_main
-from reports.record import load_record
+from attngroup.reports.cli import main as reports_main
+from attngroup.reports.record import load_record
 
 CASE = "decode.gemma4-e2b-sliding-d256.b64x8k"
-TOOL = "benchmarks/bench_attention.py"
+TOOL = "attngroup/benchmarks/bench_attention.py"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RESULTS = REPO_ROOT / "benchmarks" / "results"
+RESULTS = REPO_ROOT / "attngroup" / "benchmarks" / "results"
 MEASURED = RESULTS / "h200-2026-12-02-full-matrix.json"  # the H200 run's metric list
 BASELINE = RESULTS / "h200-2026-12-02-full-matrix.record.json"  # the same, converted
 MEASURING_COMMIT = "c9ee6d8707d8a299082655b0aada6453cf4ee6f7"  # committed the H200 run
@@ -173,10 +173,10 @@ def test_cli_writes_a_record_the_reports_read(metrics_file: Path, tmp_path: Path
 
 def test_cli_tool_names_the_pseudo_tests(metrics_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "record.json"
-    argv = [str(metrics_file), "-o", str(out), "--tool", "benchmarks/bench_metadata.py"]
+    argv = [str(metrics_file), "-o", str(out), "--tool", "attngroup/benchmarks/bench_metadata.py"]
     assert main([*argv, "--no-local-env"]) == EXIT_OK
     record = load_record(out)
-    assert record.tests[0].nodeid == "benchmarks/bench_metadata.py::device"
+    assert record.tests[0].nodeid == "attngroup/benchmarks/bench_metadata.py::device"
     assert record.environment == {}
 
 
@@ -306,7 +306,7 @@ def failing_run(tmp_path: Path) -> Path:
 
 def test_baseline_compared_with_itself_exits_0() -> None:
     """The README's command, as a GPU run would be compared."""
-    command = [sys.executable, "-m", "reports", "compare", "--run", str(BASELINE)]
+    command = [sys.executable, "-m", "attngroup.reports", "compare", "--run", str(BASELINE)]
     completed = subprocess.run(
         [*command, "--baseline", str(BASELINE)],
         cwd=REPO_ROOT,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.bench_spec_decode import parse_args, spread
+from attngroup.benchmarks.bench_spec_decode import parse_args, spread
 from tests.json_schemas import assert_file_matches_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ HIGHER_IS_BETTER = {"tokens_per_s": "tokens/s", "accepted_length": "tokens"}
 
 
 def _run_module(*argv: str, code: str | None = None) -> subprocess.CompletedProcess:
-    command = ["-c", code] if code else ["-m", "benchmarks.bench_spec_decode"]
+    command = ["-c", code] if code else ["-m", "attngroup.benchmarks.bench_spec_decode"]
     return subprocess.run(
         [sys.executable, *command, *argv],
         cwd=REPO_ROOT,
@@ -93,7 +93,7 @@ def test_smoke_step_holds_its_parts(smoke_run) -> None:
 def test_a_step_that_is_not_steady_stops_the_run() -> None:
     """A batch whose requests finish inside the timed steps must not be reported."""
     code = (
-        "import sys, benchmarks.bench_spec_decode as bench; "
+        "import sys, attngroup.benchmarks.bench_spec_decode as bench; "
         "bench.max_tokens_for = lambda args: 4; sys.exit(bench.main(sys.argv[1:]))"
     )
     completed = _run_module(*SMOKE_ARGV, "--steps", "2", "--smoke", code=code)

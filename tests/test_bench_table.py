@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.table import main
+from attngroup.benchmarks.table import main
 
 
 def _case_metrics(

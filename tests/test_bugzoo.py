@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bugzoo.__main__ import main
-from bugzoo.zoo import ZooError, load_entries, markdown_table, run_zoo
+from attngroup.bugzoo.__main__ import main
+from attngroup.bugzoo.zoo import ZooError, load_entries, markdown_table, run_zoo
 from tests.json_schemas import assert_file_matches_schema
 
 SOURCE = "def add(a, b):\n    return a + b\n"

@@ -31,7 +31,7 @@ class BadInput:
         return self.name
 
 
-ENGINE = ("reference_engine",)
+ENGINE = ("attngroup.reference_engine",)
 PAIR = "gemma4-e2b-mtp"
 CASES = [
     BadInput("engine-no-command", ENGINE, "the following arguments are required: COMMAND"),
@@ -93,95 +93,106 @@ CASES = [
         (*ENGINE, "generate", PAIR, "--device", "cuda"),
         "--device cuda: this torch",
     ),
-    BadInput("ci-unknown-command", ("ci", "bogus"), "invalid choice: 'bogus'"),
-    BadInput("ci-select-without-base", ("ci", "select"), "the following arguments are required"),
+    BadInput("ci-unknown-command", ("attngroup.ci", "bogus"), "invalid choice: 'bogus'"),
+    BadInput(
+        "ci-select-without-base", ("attngroup.ci", "select"), "the following arguments are required"
+    ),
     BadInput(
         "ci-missing-config",
-        ("ci", "lint", "--repo", str(REPO_ROOT), "--config", "missing.yaml"),
+        ("attngroup.ci", "lint", "--repo", str(REPO_ROOT), "--config", "missing.yaml"),
         "missing.yaml does not exist",
     ),
     BadInput(
         "ci-pipeline-unknown-format",
-        ("ci", "pipeline", "--format", "xml"),
+        ("attngroup.ci", "pipeline", "--format", "xml"),
         "argument --format: invalid choice: 'xml'",
     ),
     BadInput(
         "reports-build-missing-record",
-        ("reports", "build", "--run", "missing.json", "-o", "report.html"),
+        ("attngroup.reports", "build", "--run", "missing.json", "-o", "report.html"),
         "run record 'missing.json' does not exist",
     ),
     BadInput(
         "reports-build-corrupt-record",
-        ("reports", "build", "--run", "corrupt.json", "-o", "report.html"),
+        ("attngroup.reports", "build", "--run", "corrupt.json", "-o", "report.html"),
         "run record 'corrupt.json' is not valid JSON",
         inputs=("corrupt.json",),
     ),
     BadInput(
         "reports-compare-corrupt-record",
-        ("reports", "compare", "--run", "corrupt.json", "--baseline", "corrupt.json"),
+        ("attngroup.reports", "compare", "--run", "corrupt.json", "--baseline", "corrupt.json"),
         "is not valid JSON",
         inputs=("corrupt.json",),
     ),
     BadInput(
         "reports-archive-missing-record",
-        ("reports", "archive", "--run", "missing.json", "--history", "history"),
+        ("attngroup.reports", "archive", "--run", "missing.json", "--history", "history"),
         "run record 'missing.json' does not exist",
     ),
     BadInput(
         "reports-archive-keep-zero",
-        ("reports", "archive", "--run", "r.json", "--history", "history", "--keep", "0"),
+        ("attngroup.reports", "archive", "--run", "r.json", "--history", "history", "--keep", "0"),
         "argument --keep: expected a positive integer",
     ),
     BadInput(
         "reports-bad-threshold-regex",
-        ("reports", "build", "--run", "r.json", "--threshold", "[=0.1", "-o", "report.html"),
+        (
+            "attngroup.reports",
+            "build",
+            "--run",
+            "r.json",
+            "--threshold",
+            "[=0.1",
+            "-o",
+            "report.html",
+        ),
         "bad regular expression",
     ),
-    BadInput("table-missing-run", ("benchmarks.table", "missing.json"), "missing.json"),
+    BadInput("table-missing-run", ("attngroup.benchmarks.table", "missing.json"), "missing.json"),
     BadInput(
         "run-record-missing-list",
-        ("benchmarks.run_record", "missing.json", "-o", "record.json"),
+        ("attngroup.benchmarks.run_record", "missing.json", "-o", "record.json"),
         "metric list 'missing.json' does not exist",
     ),
     BadInput(
         "run-record-corrupt-list",
-        ("benchmarks.run_record", "corrupt.json", "-o", "record.json"),
+        ("attngroup.benchmarks.run_record", "corrupt.json", "-o", "record.json"),
         "is not valid JSON",
         inputs=("corrupt.json",),
     ),
     BadInput(
         "bench-attention-too-few-runs",
-        ("benchmarks.bench_attention", "--runs", "5", "--json", "metrics.json"),
+        ("attngroup.benchmarks.bench_attention", "--runs", "5", "--json", "metrics.json"),
         "--runs must be at least 20",
     ),
     BadInput(
         "bench-spec-decode-too-many-drafts",
-        ("benchmarks.bench_spec_decode", "--num-spec-tokens", "9"),
+        ("attngroup.benchmarks.bench_spec_decode", "--num-spec-tokens", "9"),
         "--num-spec-tokens must be in 1..8",
     ),
     BadInput(
         "bench-spec-decode-cuda-without-gpu",
-        ("benchmarks.bench_spec_decode", "--device", "cuda", "--json", "metrics.json"),
+        ("attngroup.benchmarks.bench_spec_decode", "--device", "cuda", "--json", "metrics.json"),
         "no CUDA device is available",
     ),
     BadInput(
         "bench-metadata-one-run",
-        ("benchmarks.bench_metadata", "--runs", "1", "--json", "metrics.json"),
+        ("attngroup.benchmarks.bench_metadata", "--runs", "1", "--json", "metrics.json"),
         "--runs must be >= 2",
     ),
     BadInput(
         "bench-metadata-unknown-pair",
-        ("benchmarks.bench_metadata", "--pair", "bogus"),
+        ("attngroup.benchmarks.bench_metadata", "--pair", "bogus"),
         "argument --pair: invalid choice: 'bogus'",
     ),
     BadInput(
         "tune-attention-bad-list",
-        ("benchmarks.tune_attention", "--block-m", "x"),
+        ("attngroup.benchmarks.tune_attention", "--block-m", "x"),
         "expected comma-separated integers; got 'x'",
     ),
     BadInput(
         "tune-attention-without-gpu",
-        ("benchmarks.tune_attention", "--json", "sweep.json"),
+        ("attngroup.benchmarks.tune_attention", "--json", "sweep.json"),
         "the sweep needs a CUDA device",
     ),
 ]
@@ -210,8 +221,8 @@ def test_bad_input_exits_2_with_one_clear_line(case: BadInput, tmp_path: Path) -
 
 
 PIPED_COMMANDS = [
-    pytest.param(("reference_engine", "inspect", PAIR, "--json"), id="inspect-json"),
-    pytest.param(("ci", "pipeline", "--all"), id="ci-pipeline"),
+    pytest.param(("attngroup.reference_engine", "inspect", PAIR, "--json"), id="inspect-json"),
+    pytest.param(("attngroup.ci", "pipeline", "--all"), id="ci-pipeline"),
 ]
 
 

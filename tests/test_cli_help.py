@@ -23,25 +23,25 @@ HEAVY_MODULES = ("torch", "transformers", "triton", "tqdm")
 MAX_CPU_SECONDS = 1.0
 
 COMMANDS = [
-    ("ci",),
-    ("ci", "select"),
-    ("ci", "pipeline"),
-    ("ci", "check-deps"),
-    ("ci", "lint"),
-    ("reports",),
-    ("reports", "build"),
-    ("reports", "compare"),
-    ("reports", "archive"),
-    ("reference_engine",),
-    ("reference_engine", "pairs"),
-    ("reference_engine", "inspect"),
-    ("reference_engine", "generate"),
-    ("benchmarks.bench_attention",),
-    ("benchmarks.bench_metadata",),
-    ("benchmarks.bench_spec_decode",),
-    ("benchmarks.tune_attention",),
-    ("benchmarks.table",),
-    ("benchmarks.run_record",),
+    ("attngroup.ci",),
+    ("attngroup.ci", "select"),
+    ("attngroup.ci", "pipeline"),
+    ("attngroup.ci", "check-deps"),
+    ("attngroup.ci", "lint"),
+    ("attngroup.reports",),
+    ("attngroup.reports", "build"),
+    ("attngroup.reports", "compare"),
+    ("attngroup.reports", "archive"),
+    ("attngroup.reference_engine",),
+    ("attngroup.reference_engine", "pairs"),
+    ("attngroup.reference_engine", "inspect"),
+    ("attngroup.reference_engine", "generate"),
+    ("attngroup.benchmarks.bench_attention",),
+    ("attngroup.benchmarks.bench_metadata",),
+    ("attngroup.benchmarks.bench_spec_decode",),
+    ("attngroup.benchmarks.tune_attention",),
+    ("attngroup.benchmarks.table",),
+    ("attngroup.benchmarks.run_record",),
 ]
 
 # Runs a module as ``python -m`` would, then reports on stderr what it imported.
@@ -88,12 +88,12 @@ def test_help_exits_0_with_usage_and_exit_statuses(command: tuple[str, ...]) -> 
 
 FAST_COMMANDS = [
     *[(*command, "--help") for command in COMMANDS],
-    ("reference_engine", "pairs"),
-    ("reference_engine", "inspect", "gemma4-e2b-mtp", "--tp", "abc"),
-    ("reference_engine", "generate", "gemma4-e2b-mtp", "--backend", "mamba"),
-    ("benchmarks.bench_metadata", "--pair", "bogus"),
-    ("benchmarks.bench_attention", "--shapes", "bogus"),
-    ("benchmarks.bench_attention", "--runs", "3"),
+    ("attngroup.reference_engine", "pairs"),
+    ("attngroup.reference_engine", "inspect", "gemma4-e2b-mtp", "--tp", "abc"),
+    ("attngroup.reference_engine", "generate", "gemma4-e2b-mtp", "--backend", "mamba"),
+    ("attngroup.benchmarks.bench_metadata", "--pair", "bogus"),
+    ("attngroup.benchmarks.bench_attention", "--shapes", "bogus"),
+    ("attngroup.benchmarks.bench_attention", "--runs", "3"),
 ]
 
 

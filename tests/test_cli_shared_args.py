@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from benchmarks import bench_spec_decode
-from reference_engine import generate_cli
+from attngroup.benchmarks import bench_spec_decode
+from attngroup.reference_engine import generate_cli
 
 
 def _generate_args(argv: list[str]) -> argparse.Namespace:

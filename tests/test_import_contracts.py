@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("suites", "reference_engine", "kernels", "ci", "reports", "benchmarks")
+PACKAGE = "attngroup"
 LINT_IMPORTS = "from importlinter.cli import lint_imports_command; lint_imports_command()"
 
 
@@ -41,13 +41,12 @@ def test_repository_keeps_its_import_contracts() -> None:
 
 @pytest.fixture
 def tree_copy(tmp_path: Path) -> Path:
-    """The packages and the contracts, copied so that a test can plant an import."""
-    for package in PACKAGES:
-        shutil.copytree(
-            ROOT / package,
-            tmp_path / package,
-            ignore=shutil.ignore_patterns("__pycache__", "results", "*.json"),
-        )
+    """The package and the contracts, copied so that a test can plant an import."""
+    shutil.copytree(
+        ROOT / PACKAGE,
+        tmp_path / PACKAGE,
+        ignore=shutil.ignore_patterns("__pycache__", "results", "*.json"),
+    )
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     return tmp_path
 
@@ -56,29 +55,32 @@ def tree_copy(tmp_path: Path) -> Path:
     ("importer", "planted", "broken_contract"),
     [
         pytest.param(
-            "kernels/metadata.py",
-            "import reference_engine.layers",
+            "attngroup/kernels/metadata.py",
+            "import attngroup.reference_engine.layers",
             "Engine layers",
             id="kernels-imports-engine",
         ),
         pytest.param(
-            "reference_engine/layers.py",
-            "import suites.engines.base",
+            "attngroup/reference_engine/layers.py",
+            "import attngroup.suites.engines.base",
             "Engine layers",
             id="engine-imports-suites",
         ),
         pytest.param(
-            "ci/selection.py", "import reports.record", "stand apart", id="ci-imports-reports"
+            "attngroup/ci/selection.py",
+            "import attngroup.reports.record",
+            "stand apart",
+            id="ci-imports-reports",
         ),
         pytest.param(
-            "reports/record.py",
-            "import kernels.metadata",
+            "attngroup/reports/record.py",
+            "import attngroup.kernels.metadata",
             "never imports",
             id="reports-imports-kernels",
         ),
         pytest.param(
-            "reference_engine/kv_cache_spec.py",
-            "import reference_engine.model_runner",
+            "attngroup/reference_engine/kv_cache_spec.py",
+            "import attngroup.reference_engine.model_runner",
             "No import cycles",
             id="cycle-inside-engine",
         ),

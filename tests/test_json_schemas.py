@@ -21,14 +21,14 @@ import pytest
 import torch
 from jsonschema import Draft202012Validator
 
-from benchmarks import bench_metadata, tune_attention
-from bugzoo.__main__ import main as bugzoo_main
-from reference_engine.__main__ import main as engine_main
-from reports.cli import EXIT_OK
-from reports.cli import main as reports_main
-from reports.compare import compare_runs
-from reports.record import load_record, write_record
-from reports.selection import load_selection
+from attngroup.benchmarks import bench_metadata, tune_attention
+from attngroup.bugzoo.__main__ import main as bugzoo_main
+from attngroup.reference_engine.__main__ import main as engine_main
+from attngroup.reports.cli import EXIT_OK
+from attngroup.reports.cli import main as reports_main
+from attngroup.reports.compare import compare_runs
+from attngroup.reports.record import load_record, write_record
+from attngroup.reports.selection import load_selection
 from tests.ci.helpers import commit_all, git, init_repo, run_cli, write_tree
 from tests.ci.test_ci_changes import AREAS
 from tests.ci.test_ci_deps import PLANTED
@@ -47,7 +47,7 @@ from tests.test_bugzoo import SOURCE, entry, make_patch, make_repo, write_entrie
 from tests.test_pairs_cli import E2B
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RESULTS = REPO_ROOT / "benchmarks" / "results"
+RESULTS = REPO_ROOT / "attngroup" / "benchmarks" / "results"
 COMMITTED_SWEEP = RESULTS / "h200-2026-12-02-tune-verify-d512.json"
 
 
@@ -256,7 +256,17 @@ def test_real_select_output_feeds_the_report(tmp_path: Path) -> None:
     the docs test that CI did not run is "not selected", not "removed"."""
     repo = _select_repo(tmp_path / "repo")
     selected = subprocess.run(
-        [sys.executable, "-m", "ci", "select", "--repo", str(repo), "--base", "main", "--json"],
+        [
+            sys.executable,
+            "-m",
+            "attngroup.ci",
+            "select",
+            "--repo",
+            str(repo),
+            "--base",
+            "main",
+            "--json",
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

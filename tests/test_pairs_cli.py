@@ -1,4 +1,4 @@
-"""`python -m reference_engine inspect` / `generate` with pairs from config files
+"""`python -m attngroup.reference_engine inspect` / `generate` with pairs from config files
 (`--target-config` ...) and from a pairs file (`--pairs`)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from reference_engine.__main__ import main
+from attngroup.reference_engine.__main__ import main
 
 pytestmark = pytest.mark.grouping
 
 ROOT = Path(__file__).parents[1]
-SHIPPED = ROOT / "reference_engine" / "configs"
+SHIPPED = ROOT / "attngroup" / "reference_engine" / "configs"
 E2B = [
     "--target-config",
     str(SHIPPED / "gemma-4-E2B-it" / "config.json"),
@@ -25,7 +25,7 @@ E2B = [
     "--method",
     "mtp",
 ]
-REGRESSION_PAIRS = str(ROOT / "suites" / "data" / "regression_pairs.yaml")
+REGRESSION_PAIRS = str(ROOT / "attngroup" / "suites" / "data" / "regression_pairs.yaml")
 
 
 def test_inspect_configs_legacy_prints_the_collision_and_the_scaling(capsys):
@@ -90,7 +90,7 @@ def test_generate_runs_a_pair_from_a_pairs_file():
     argv = ["generate", "mistral-window8-draft", "--pairs", REGRESSION_PAIRS]
     argv += ["--batch", "1", "--prompt-len", "4", "--max-tokens", "3", "--device", "cpu", "--json"]
     completed = subprocess.run(
-        [sys.executable, "-m", "reference_engine", *argv],
+        [sys.executable, "-m", "attngroup.reference_engine", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -109,7 +109,7 @@ def _collect(env_pairs: str, tmp_path: Path) -> subprocess.CompletedProcess:
         [
             *(sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider"),
             *("--run-record", str(tmp_path / "record.json")),
-            *("suites/grouping/test_model_pairs.py", "-k", "tiny"),
+            *("attngroup/suites/grouping/test_model_pairs.py", "-k", "tiny"),
         ],
         cwd=ROOT,
         env={**os.environ, "AGC_PAIRS": env_pairs},
@@ -134,9 +134,9 @@ def test_agc_pairs_with_a_bad_file_is_a_usage_error(tmp_path):
 def test_suite_options_are_known_to_a_run_outside_the_suites(tmp_path):
     """``pytest -k mtp --pairs FILE`` names no path: pytest then knows only the root
     conftest's options, so the suites' options must be declared there. (The file is named
-    relative to the root and outside ``suites/``: pytest takes a path under ``suites/``
+    relative to the root and outside ``attngroup/suites/``: pytest takes a path under ``attngroup/suites/``
     that follows an unknown option for a test path and loads the suites' conftest.)"""
-    pairs_file = "reference_engine/configs/pairs.yaml"
+    pairs_file = "attngroup/reference_engine/configs/pairs.yaml"
     completed = subprocess.run(
         [
             *(sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider"),

@@ -1,4 +1,4 @@
-"""The reference engine's command line: `python -m reference_engine inspect`."""
+"""The reference engine's command line: `python -m attngroup.reference_engine inspect`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from reference_engine.__main__ import main
-from reference_engine.model_pairs import MODEL_PAIRS
+from attngroup.reference_engine.__main__ import main
+from attngroup.reference_engine.model_pairs import MODEL_PAIRS
 
 pytestmark = pytest.mark.grouping
 
@@ -77,7 +77,7 @@ def test_inspect_json_schema_under_legacy(capsys):
 )
 def test_inspect_bad_input_exits_2_with_a_clear_error(argv, message):
     result = subprocess.run(
-        [sys.executable, "-m", "reference_engine", *argv], capture_output=True, text=True
+        [sys.executable, "-m", "attngroup.reference_engine", *argv], capture_output=True, text=True
     )
     assert result.returncode == 2
     assert message in result.stderr

@@ -1,4 +1,4 @@
-"""The suites' tests say what they are about (``@pytest.mark.case``, ``suites/cases.py``)
+"""The suites' tests say what they are about (``@pytest.mark.case``, ``attngroup/suites/cases.py``)
 and the run record's matrix puts them there: real suite files collected by pytest with
 the run-record plugin (every test deselected, so nothing runs), then the matrix built.
 """
@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from reports.compare import compare_runs
-from reports.matrix import NO_PAIR, OutcomeMatrix, build_matrix
-from reports.record import RunRecord, load_record
-from suites.cases import CaseArgumentError, case_of
+from attngroup.reports.compare import compare_runs
+from attngroup.reports.matrix import NO_PAIR, OutcomeMatrix, build_matrix
+from attngroup.reports.record import RunRecord, load_record
+from attngroup.suites.cases import CaseArgumentError, case_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SUITE_FILES = (
-    "suites/kernels/test_step_metadata.py",  # a parameter of two batches, once called pair
-    "suites/kernels/test_merged_group_hazard.py",  # pair, backend and dtype arguments
-    "suites/spec_decode/test_memory.py",  # backend and dtype named by case_marks only
-    "suites/grouping/test_grouping_conformance.py",  # pair_name, tp and the policy
+    "attngroup/suites/kernels/test_step_metadata.py",  # a parameter of two batches, once called pair
+    "attngroup/suites/kernels/test_merged_group_hazard.py",  # pair, backend and dtype arguments
+    "attngroup/suites/spec_decode/test_memory.py",  # backend and dtype named by case_marks only
+    "attngroup/suites/grouping/test_grouping_conformance.py",  # pair_name, tp and the policy
 )
 DESELECT_ALL = ("-k", "no_test_is_called_this")  # collected and recorded, none run
 NOT_PAIRS = ("large-then-small", "small-then-large", "padding-reset-after-fuller-step")
@@ -75,25 +75,25 @@ def _part_of(matrix: OutcomeMatrix, nodeid: str) -> tuple[str, str, str, str]:
     ("nodeid", "expected"),
     [
         pytest.param(
-            "suites/spec_decode/test_memory.py::test_preemption_by_recompute_keeps_tokens"
+            "attngroup/suites/spec_decode/test_memory.py::test_preemption_by_recompute_keeps_tokens"
             "[qwen3-next-mtp-torch-fp32-k3]",
             ("qwen3-next-mtp", "spec_decode", "torch", "fp32"),
             id="case-marks",
         ),
         pytest.param(
-            "suites/kernels/test_merged_group_hazard.py::test_merged_group_hazard"
+            "attngroup/suites/kernels/test_merged_group_hazard.py::test_merged_group_hazard"
             "[gemma4-e2b-mtp-full-d512-triton-fp32-target-builder-serves-draft-verify]",
             ("gemma4-e2b-mtp", "kernels", "triton", "fp32"),
             id="pair-backend-dtype-arguments",
         ),
         pytest.param(
-            "suites/grouping/test_grouping_conformance.py::test_every_layer_in_exactly_one_group"
+            "attngroup/suites/grouping/test_grouping_conformance.py::test_every_layer_in_exactly_one_group"
             "[split-llama3-eagle-tp2]",
             ("llama3-eagle", "grouping", "—", "—"),
             id="pair-name-argument",
         ),
         pytest.param(
-            "suites/kernels/test_step_metadata.py::test_second_step_matches_the_reference"
+            "attngroup/suites/kernels/test_step_metadata.py::test_second_step_matches_the_reference"
             "[large-then-small]",
             (NO_PAIR, "kernels", "—", "—"),
             id="two-steps-no-pair",
@@ -127,4 +127,4 @@ def test_fields_come_from_the_marker(suite_record: RunRecord) -> None:
 
 def test_a_pair_argument_that_holds_no_model_pair_is_refused() -> None:
     with pytest.raises(CaseArgumentError, match="'large-then-small', not a model pair"):
-        case_of("suites/x.py::test[large-then-small]", {"pair": "large-then-small"})
+        case_of("attngroup/suites/x.py::test[large-then-small]", {"pair": "large-then-small"})

@@ -1,4 +1,4 @@
-"""The per-rank TP checks (``suites.tp_checks``) find what they are for: a rank
+"""The per-rank TP checks (``attngroup.suites.tp_checks``) find what they are for: a rank
 whose groups, layers or builders carry unsharded heads, a grouping that differs
 from tp = 1's, and a FlashInfer plan whose head guard would let another head
 count through. The TP suites run them on real ranks; here they meet known faults."""
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from kernels.backends.flashinfer_attn import FlashInferPlanParams
-from reference_engine.kv_cache_spec import FullAttentionSpec
-from reference_engine.model_pairs import get_model_pair
-from suites.tp_checks import flashinfer_guard_active, rank_group_problems
+from attngroup.kernels.backends.flashinfer_attn import FlashInferPlanParams
+from attngroup.reference_engine.kv_cache_spec import FullAttentionSpec
+from attngroup.reference_engine.model_pairs import get_model_pair
+from attngroup.suites.tp_checks import flashinfer_guard_active, rank_group_problems
 
 TP_SIZE = 2
 #: Gemma 4 e2b at tp = 1: the target's sliding group has 8 query heads, the draft's 4.

@@ -1,4 +1,4 @@
-"""The tensor-parallel launcher (``suites.tp_launch``): torchrun's environment,
+"""The tensor-parallel launcher (``attngroup.suites.tp_launch``): torchrun's environment,
 one process group per launch (gloo here, NCCL on two GPUs), failing and hung
 ranks named, bad entries refused before any rank starts.
 
@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reference_engine.model_pairs import get_model_pair
-from reference_engine.pair_options import PAIRS_ENV
-from suites.tp_launch import (
+from attngroup.reference_engine.model_pairs import get_model_pair
+from attngroup.reference_engine.pair_options import PAIRS_ENV
+from attngroup.suites.tp_launch import (
     RankContext,
     TPLaunchError,
     launch,
@@ -27,7 +27,9 @@ from suites.tp_launch import (
 )
 
 TP_SIZE = 2
-REGRESSION_PAIRS = Path(__file__).resolve().parents[1] / "suites" / "data" / "regression_pairs.yaml"
+REGRESSION_PAIRS = (
+    Path(__file__).resolve().parents[1] / "attngroup" / "suites" / "data" / "regression_pairs.yaml"
+)
 TIMEOUT_S = 300
 HANG_TIMEOUT_S = 5
 TORCHRUN_ENV = (

@@ -9,11 +9,11 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from ci.cli import main
+from attngroup.ci.cli import main
 
 RUN_CONFIG = """\
 job_dirs:
-  - ci/test_areas
+  - .buildkite/test_areas
 run_all_patterns:
   - "setup\\\\.py$"
 run_all_exclude_patterns: []

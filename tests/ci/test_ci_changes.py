@@ -7,13 +7,13 @@ import subprocess
 
 import pytest
 
-from ci.changes import compute_changes
+from attngroup.ci.changes import compute_changes
 from tests.ci.helpers import RUN_CONFIG, commit_all, git, init_repo, run_cli, write_tree
 from tests.json_schemas import assert_matches_schema
 
 AREAS = {
-    "ci/ci_config.yaml": RUN_CONFIG,
-    "ci/test_areas/spec.yaml": """\
+    ".buildkite/ci_config.yaml": RUN_CONFIG,
+    ".buildkite/test_areas/spec.yaml": """\
         group: Spec
         steps:
           - label: Spec decode

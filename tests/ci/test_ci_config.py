@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from ci.areas import load_test_areas
-from ci.config import (
+from attngroup.ci.areas import load_test_areas
+from attngroup.ci.config import (
     KeyPolicy,
     derive_step_key,
     load_run_config,
     load_test_area_file,
 )
-from ci.errors import CIInputError, CIInputErrors
+from attngroup.ci.errors import CIInputError, CIInputErrors
 from tests.ci.helpers import run_cli, write_tree
 
 FIXTURES = Path(__file__).parent / "data" / "vllm-buildkite"
@@ -285,7 +285,7 @@ def test_unknown_key_is_an_error_under_error(tmp_path):
 
 
 def test_this_projects_configuration_is_strict():
-    config = load_run_config(REPO_ROOT / "ci/ci_config.yaml")
+    config = load_run_config(REPO_ROOT / ".buildkite/ci_config.yaml")
     assert (config.unknown_keys, config.legacy_keys) == ("error", "error")
 
 

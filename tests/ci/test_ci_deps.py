@@ -14,23 +14,23 @@ from pathlib import Path
 
 import pytest
 
-from ci.areas import load_test_areas
-from ci.config import load_run_config, load_test_area_file
-from ci.deps import check_dependencies
-from ci.fix import add_dependencies
-from ci.imports import REGISTRY, STATIC, ImportGraph
-from ci.pytest_commands import pytest_runs
-from ci.reach import closures, members
-from ci.test_inventory import collected_files, selected_tests
+from attngroup.ci.areas import load_test_areas
+from attngroup.ci.config import load_run_config, load_test_area_file
+from attngroup.ci.deps import check_dependencies
+from attngroup.ci.fix import add_dependencies
+from attngroup.ci.imports import REGISTRY, STATIC, ImportGraph
+from attngroup.ci.pytest_commands import pytest_runs
+from attngroup.ci.reach import closures, members
+from attngroup.ci.test_inventory import collected_files, selected_tests
 from tests.ci.helpers import RUN_CONFIG, run_cli, write_tree
 from tests.json_schemas import assert_matches_schema
 
 # The original bug in miniature: the spec-decode step declares the engine but not the backends
 # it reaches through the registry's dotted-path strings.
 PLANTED = {
-    "ci/ci_config.yaml": RUN_CONFIG
+    ".buildkite/ci_config.yaml": RUN_CONFIG
     + "dependency_check:\n  test_roots: [suites, tests]\n  registries: [kernels/registry.py]\n",
-    "ci/test_areas/spec.yaml": """\
+    ".buildkite/test_areas/spec.yaml": """\
         group: Spec
         steps:
           # MTP correctness: keep this comment through --fix
@@ -82,7 +82,7 @@ def planted(tmp_path):
 
 
 def _report(root: Path):
-    config = load_run_config(root / "ci/ci_config.yaml", "ci/ci_config.yaml")
+    config = load_run_config(root / ".buildkite/ci_config.yaml", ".buildkite/ci_config.yaml")
     return check_dependencies(load_test_areas(config, root), config, root)
 
 
@@ -114,15 +114,15 @@ def test_planted_backend_gap_is_found_by_kind_with_its_chain(planted):
 def test_check_deps_exit_code_and_fix_keeps_comments_and_order(planted):
     before = run_cli("check-deps", "--repo", str(planted))
     assert before.exit_code == 1
-    assert "[FAIL] spec-mtp (ci/test_areas/spec.yaml:4): 5 gaps (2 static, 3 registry)" in (
+    assert "[FAIL] spec-mtp (.buildkite/test_areas/spec.yaml:4): 5 gaps (2 static, 3 registry)" in (
         before.stdout
     )
     assert "    add 'kernels/': covers 5 static gaps\n" in before.stdout
     (planted / "tests/test_unowned.py").unlink()
     fixed = run_cli("check-deps", "--repo", str(planted), "--fix")
     assert fixed.exit_code == 0, fixed.stdout
-    assert "fixed ci/test_areas/spec.yaml: spec-mtp: kernels/" in fixed.stdout
-    text = (planted / "ci/test_areas/spec.yaml").read_text()
+    assert "fixed .buildkite/test_areas/spec.yaml: spec-mtp: kernels/" in fixed.stdout
+    text = (planted / ".buildkite/test_areas/spec.yaml").read_text()
     assert "  # MTP correctness: keep this comment through --fix\n" in text
     assert text.index("suites/spec/") < text.index("kernels/") < text.index("commands:")
     assert run_cli("check-deps", "--repo", str(planted)).exit_code == 0
@@ -132,7 +132,7 @@ def test_ignore_list_with_reason_and_stale_entries(planted):
     write_tree(
         planted,
         {
-            "ci/ci_config.yaml": PLANTED["ci/ci_config.yaml"]
+            ".buildkite/ci_config.yaml": PLANTED[".buildkite/ci_config.yaml"]
             + (
                 "  ignore:\n    spec-mtp:\n"
                 "      kernels/: backends are covered by the kernels step\n"
@@ -163,19 +163,19 @@ def test_ignore_list_with_reason_and_stale_entries(planted):
     ids=["keyword", "marker", "deselect", "missing-path", "bad-expression"],
 )
 def test_steps_whose_filters_select_nothing(planted, command, problem):
-    area = PLANTED["ci/test_areas/spec.yaml"].replace(
+    area = PLANTED[".buildkite/test_areas/spec.yaml"].replace(
         "python -m pytest suites/spec -k mtp", json.dumps(command)
     )
-    write_tree(planted, {"ci/test_areas/spec.yaml": area})
+    write_tree(planted, {".buildkite/test_areas/spec.yaml": area})
     (step,) = _report(planted).steps
     assert any(problem in item for item in step.problems), step.problems
 
 
 def test_declared_paths_that_do_not_exist(planted):
-    area = PLANTED["ci/test_areas/spec.yaml"].replace(
+    area = PLANTED[".buildkite/test_areas/spec.yaml"].replace(
         "- engine/\n", "- engine/\n              - enigne/\n"
     )
-    write_tree(planted, {"ci/test_areas/spec.yaml": area})
+    write_tree(planted, {".buildkite/test_areas/spec.yaml": area})
     assert _report(planted).steps[0].missing_declared == ("enigne/",)
 
 
@@ -249,7 +249,7 @@ def test_strings_that_only_look_dotted_are_not_imports(tmp_path):
 def _synthetic_repo(root: Path, num_packages: int, modules_per_package: int) -> None:
     """A vLLM-sized tree: chained imports, registries by dotted string, one step per package."""
     rng = random.Random(0)
-    files = {"ci/ci_config.yaml": RUN_CONFIG + "dependency_check:\n  test_roots: [tests]\n"}
+    files = {".buildkite/ci_config.yaml": RUN_CONFIG + "dependency_check:\n  test_roots: [tests]\n"}
     steps = []
     for package in range(num_packages):
         files[f"lib/p{package}/__init__.py"] = ""
@@ -271,7 +271,7 @@ def _synthetic_repo(root: Path, num_packages: int, modules_per_package: int) -> 
             f"    source_file_dependencies: {declared}\n"
             f"    commands: [python -m pytest tests/p{package}]\n"
         )
-    files["ci/test_areas/synthetic.yaml"] = "group: S\nsteps:\n" + "".join(steps)
+    files[".buildkite/test_areas/synthetic.yaml"] = "group: S\nsteps:\n" + "".join(steps)
     write_tree(root, files)
 
 

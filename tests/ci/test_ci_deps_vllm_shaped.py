@@ -56,10 +56,10 @@ STEPS = [
 ]
 MODELS = "\n".join(f'    "Arch{i}": ("model_{i}", "Arch{i}"),' for i in range(NUM_MODELS))
 TREE = {
-    "ci/ci_config.yaml": RUN_CONFIG
+    ".buildkite/ci_config.yaml": RUN_CONFIG
     + DEPENDENCY_CHECK
     + f"  registries: [{BACKENDS}/registry.py]\n",
-    "ci/test_areas/v1.yaml": "group: V1\nsteps:\n" + "".join(STEPS),
+    ".buildkite/test_areas/v1.yaml": "group: V1\nsteps:\n" + "".join(STEPS),
     "vllm/__init__.py": "",
     "vllm/v1/__init__.py": "",
     "vllm/v1/attention/__init__.py": "",
@@ -150,11 +150,11 @@ def test_whole_repository_reports_the_backend_gap_not_the_model_strings(repo):
 
 
 def test_type_checking_imports_are_not_runtime_edges(repo):
-    from ci.areas import load_test_areas
-    from ci.config import load_run_config
-    from ci.deps import check_dependencies
+    from attngroup.ci.areas import load_test_areas
+    from attngroup.ci.config import load_run_config
+    from attngroup.ci.deps import check_dependencies
 
-    config = load_run_config(repo / "ci/ci_config.yaml", "ci/ci_config.yaml")
+    config = load_run_config(repo / ".buildkite/ci_config.yaml", ".buildkite/ci_config.yaml")
     report = check_dependencies(load_test_areas(config, repo), config, repo)
     assert "vllm/v1/spec_decode/eagle.py" in report.closures["spec-decode-eagle"]
     assert "vllm/v1/worker/gpu_model_runner.py" not in report.closures["spec-decode-eagle"]
@@ -200,10 +200,10 @@ def test_change_to_one_backend_names_exactly_the_unselected_steps_that_reach_it(
     assert text.splitlines() == [
         "check-deps --base main: 1 changed files; 2 unselected steps import them",
         f"{BACKENDS}/triton_attn.py: imported by 2 unselected steps",
-        "  [MISSED] e2e-spec-decode (ci/test_areas/v1.yaml:25, registry): add 'vllm/v1/attention/'",
+        "  [MISSED] e2e-spec-decode (.buildkite/test_areas/v1.yaml:25, registry): add 'vllm/v1/attention/'",
         f"      tests/v1/e2e/test_spec_decode.py -> vllm/v1/spec_decode/eagle.py -> "
         f"{BACKENDS}/registry.py -> {BACKENDS}/triton_attn.py",
-        "  [MISSED] spec-decode-eagle (ci/test_areas/v1.yaml:3, registry): add 'vllm/v1/attention/'",
+        "  [MISSED] spec-decode-eagle (.buildkite/test_areas/v1.yaml:3, registry): add 'vllm/v1/attention/'",
         f"      tests/v1/spec_decode/test_eagle.py -> vllm/v1/spec_decode/eagle.py -> "
         f"{BACKENDS}/registry.py -> {BACKENDS}/triton_attn.py",
         "missed triggers FOUND",
@@ -265,16 +265,18 @@ def test_unreadable_baseline_is_bad_input_naming_the_file(repo, tmp_path, conten
     [
         ("import_roots: [nope]", "import_roots entry 'nope' is not a directory"),
         ("import_roots: [vllm]", "import_roots entry 'vllm' is a package"),
-        ("import_roots: [ci]", "import_roots entry 'ci' holds no Python file"),
+        ("import_roots: [.buildkite]", "import_roots entry '.buildkite' holds no Python file"),
         ("registries: [vllm/registry.py]", "registries entry 'vllm/registry.py' is not a"),
     ],
     ids=["missing", "shifts-module-names", "indexes-nothing", "missing-registry"],
 )
 def test_bad_import_roots_and_registries_are_bad_input(repo, setting, message):
-    write_tree(repo, {"ci/ci_config.yaml": RUN_CONFIG + DEPENDENCY_CHECK + f"  {setting}\n"})
+    write_tree(
+        repo, {".buildkite/ci_config.yaml": RUN_CONFIG + DEPENDENCY_CHECK + f"  {setting}\n"}
+    )
     result = _check(repo)
     assert result.exit_code == 2
-    assert "ci/ci_config.yaml: dependency_check: " + message in result.stderr
+    assert ".buildkite/ci_config.yaml: dependency_check: " + message in result.stderr
     assert result.stdout == ""
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ci.atomic_write import write_atomically
-from ci.errors import CIInputError
-from ci.fix import add_dependencies
+from attngroup.ci.atomic_write import write_atomically
+from attngroup.ci.errors import CIInputError
+from attngroup.ci.fix import add_dependencies
 from tests.ci.helpers import RUN_CONFIG, init_repo, run_cli, write_tree
 
 AREA = """\
@@ -61,7 +61,8 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
 @pytest.fixture
 def repo(tmp_path):
     return init_repo(
-        tmp_path / "repo", {"ci/ci_config.yaml": RUN_CONFIG, "ci/test_areas/a.yaml": AREA}
+        tmp_path / "repo",
+        {".buildkite/ci_config.yaml": RUN_CONFIG, ".buildkite/test_areas/a.yaml": AREA},
     )
 
 

@@ -11,12 +11,12 @@ import jsonschema
 import pytest
 import yaml
 
-from ci.buildkite_schema import load_schema, validate_pipeline
-from ci.changes import ChangeSet
-from ci.config import RunConfig, TestAreas, load_test_area_file
-from ci.errors import CIInputError
-from ci.pipeline import build_pipeline, checked_uploads, count_steps, split_uploads
-from ci.selection import Knobs, select_steps
+from attngroup.ci.buildkite_schema import load_schema, validate_pipeline
+from attngroup.ci.changes import ChangeSet
+from attngroup.ci.config import RunConfig, TestAreas, load_test_area_file
+from attngroup.ci.errors import CIInputError
+from attngroup.ci.pipeline import build_pipeline, checked_uploads, count_steps, split_uploads
+from attngroup.ci.selection import Knobs, select_steps
 from tests.ci.helpers import RUN_CONFIG, init_repo, run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def test_schema_comes_from_the_buildkite_sdk_package():
 @pytest.mark.parametrize("output_format", ["yaml", "json"])
 def test_pipeline_of_this_repository_passes_the_official_schema(output_format):
     done = subprocess.run(
-        [sys.executable, "-m", "ci", "pipeline", "--all", "--format", output_format],
+        [sys.executable, "-m", "attngroup.ci", "pipeline", "--all", "--format", output_format],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -194,8 +194,8 @@ def test_pipeline_output_file_is_written_atomically(tmp_path):
     repo = init_repo(
         tmp_path / "repo",
         {
-            "ci/ci_config.yaml": RUN_CONFIG,
-            "ci/test_areas/a.yaml": AREA.replace("    working_dir: suites\n", ""),
+            ".buildkite/ci_config.yaml": RUN_CONFIG,
+            ".buildkite/test_areas/a.yaml": AREA.replace("    working_dir: suites\n", ""),
         },
     )
     output = tmp_path / "out" / "pipeline.json"
@@ -225,8 +225,12 @@ def test_lint_passes_here_and_strict_rejects_legacy_keys(tmp_path):
     repo = init_repo(
         tmp_path / "repo",
         {
-            "ci/ci_config.yaml": RUN_CONFIG.replace("legacy_keys: error", "legacy_keys: warn"),
-            "ci/test_areas/a.yaml": AREA.replace("    parallelism: 2\n", "    num_gpus: 2\n"),
+            ".buildkite/ci_config.yaml": RUN_CONFIG.replace(
+                "legacy_keys: error", "legacy_keys: warn"
+            ),
+            ".buildkite/test_areas/a.yaml": AREA.replace(
+                "    parallelism: 2\n", "    num_gpus: 2\n"
+            ),
         },
     )
     assert run_cli("lint", "--repo", str(repo)).exit_code == 0

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ci.pytest_commands import CommandParseError, PytestRun, pytest_runs, resolve_run
-from ci.pytest_options import repository_options
-from ci.test_inventory import collected_files, missing_targets, selected_tests
+from attngroup.ci.pytest_commands import CommandParseError, PytestRun, pytest_runs, resolve_run
+from attngroup.ci.pytest_options import repository_options
+from attngroup.ci.test_inventory import collected_files, missing_targets, selected_tests
 from tests.ci.helpers import write_tree
 
 VLLM_SHARDS = """\
@@ -117,12 +117,10 @@ def test_this_projects_own_options_are_discovered():
 
 
 def test_readme_shard_command_has_no_missing_path():
-    command = (
-        "python -m pytest suites --shard $BUILDKITE_PARALLEL_JOB/$BUILDKITE_PARALLEL_JOB_COUNT"
-    )
+    command = "python -m pytest attngroup/suites --shard $BUILDKITE_PARALLEL_JOB/$BUILDKITE_PARALLEL_JOB_COUNT"
     (run,) = pytest_runs((command,), None, None)
     assert missing_targets(REPO_ROOT, run) == []
-    assert resolve_run(run, REPO_ROOT).paths == ("suites",)
+    assert resolve_run(run, REPO_ROOT).paths == ("attngroup/suites",)
 
 
 VLLM_LIKE = {

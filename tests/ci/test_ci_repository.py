@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from ci.areas import load_test_areas
-from ci.changes import ChangeSet
-from ci.config import load_run_config
-from ci.deps import check_dependencies
-from ci.selection import Knobs, select_steps
+from attngroup.ci.areas import load_test_areas
+from attngroup.ci.changes import ChangeSet
+from attngroup.ci.config import load_run_config
+from attngroup.ci.deps import check_dependencies
+from attngroup.ci.selection import Knobs, select_steps
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG = load_run_config(REPO_ROOT / "ci/ci_config.yaml", "ci/ci_config.yaml")
+CONFIG = load_run_config(REPO_ROOT / ".buildkite/ci_config.yaml", ".buildkite/ci_config.yaml")
 AREAS = load_test_areas(CONFIG, REPO_ROOT)
 STEP_KEYS = [step.key for step in AREAS.steps]
 SPEC_DECODE_KEYS = {"spec-decode-cpu", "spec-decode-gpu-mtp"}

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from ci.changes import ChangeSet
-from ci.config import RunConfig, Step, TestAreas
-from ci.errors import CIInputError
-from ci.selection import Knobs, is_docs_only, matching_entry, select_steps
+from attngroup.ci.changes import ChangeSet
+from attngroup.ci.config import RunConfig, Step, TestAreas
+from attngroup.ci.errors import CIInputError
+from attngroup.ci.selection import Knobs, is_docs_only, matching_entry, select_steps
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def _step(key: str, deps: tuple[str, ...] = (), **fields) -> Step:
         key=key,
         label=key.title(),
         group="g",
-        file=f"ci/test_areas/{key}.yaml",
+        file=f".buildkite/test_areas/{key}.yaml",
         line=1,
         commands=("true",),
         source_file_dependencies=deps,
@@ -66,7 +66,7 @@ AREAS = TestAreas(
 )
 CONFIG = RunConfig(
     path="ci_config.yaml",
-    job_dirs=("ci/test_areas",),
+    job_dirs=(".buildkite/test_areas",),
     run_all_patterns=(re.compile("setup.py"), re.compile("csrc/")),
     run_all_exclude_patterns=(re.compile("csrc/cpu/"),),
 )
@@ -98,10 +98,10 @@ def test_exclusion_applies_per_step():
 
 
 def test_own_yaml_file_selects_its_step():
-    _, decisions = _select(["ci/test_areas/spec-decode.yaml"])
+    _, decisions = _select([".buildkite/test_areas/spec-decode.yaml"])
     assert decisions["spec-decode"].selected
     assert decisions["spec-decode"].why == (
-        "'ci/test_areas/spec-decode.yaml' matches its own YAML file",
+        "'.buildkite/test_areas/spec-decode.yaml' matches its own YAML file",
     )
     assert not decisions["kernels"].selected
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ci.areas import load_test_areas
-from ci.changes import ChangeSet
-from ci.config import load_run_config
-from ci.selection import Knobs, select_steps
+from attngroup.ci.areas import load_test_areas
+from attngroup.ci.changes import ChangeSet
+from attngroup.ci.config import load_run_config
+from attngroup.ci.selection import Knobs, select_steps
 from tests.ci.helpers import write_tree
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -12,14 +12,14 @@ import json
 import pytest
 import torch
 
-from reference_engine.kv_cache_spec import FullAttentionSpec, MambaSpec, SlidingWindowSpec
-from reference_engine.model_pairs import get_model_pair
-from suites.engines.vllm_adapter import (
+from attngroup.reference_engine.kv_cache_spec import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+from attngroup.reference_engine.model_pairs import get_model_pair
+from attngroup.suites.engines.vllm_adapter import (
     _refuse_shared_layers_with_specs,
     has_module,
     pad_state_pages,
 )
-from suites.grouping.vllm_verdicts import main, markdown_table
+from attngroup.suites.grouping.vllm_verdicts import main, markdown_table
 
 needs_vllm = pytest.mark.skipif(
     not has_module("vllm"), reason="vLLM is not installed (nox -s vllm_conformance installs it)"
@@ -73,7 +73,7 @@ def test_table_cli_refuses_a_foreign_file_with_exit_code_2(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def adapter():
-    from suites.engines.vllm_adapter import VllmEngineAdapter
+    from attngroup.suites.engines.vllm_adapter import VllmEngineAdapter
 
     return VllmEngineAdapter()
 
@@ -85,7 +85,7 @@ def adapter():
     ids=["full", "sliding", "mamba"],
 )
 def test_specs_convert_both_ways_exactly(spec):
-    from suites.engines.vllm_specs import from_vllm_spec, to_vllm_spec
+    from attngroup.suites.engines.vllm_specs import from_vllm_spec, to_vllm_spec
 
     assert from_vllm_spec(to_vllm_spec(spec)) == spec
 
@@ -94,7 +94,11 @@ def test_specs_convert_both_ways_exactly(spec):
 def test_a_padded_attention_page_is_refused_not_dropped():
     import dataclasses
 
-    from suites.engines.vllm_specs import UnrepresentableSpecError, from_vllm_spec, to_vllm_spec
+    from attngroup.suites.engines.vllm_specs import (
+        UnrepresentableSpecError,
+        from_vllm_spec,
+        to_vllm_spec,
+    )
 
     padded = dataclasses.replace(to_vllm_spec(FULL), page_size_padded=10**6)
     with pytest.raises(UnrepresentableSpecError, match="page_size_padded=1000000"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from reports.record import Metric, RunRecord, TestResult
+from attngroup.reports.record import Metric, RunRecord, TestResult
 
-BENCH_NODEID = "suites/kernels/test_bench.py::test_decode_latency[triton-fp32]"
+BENCH_NODEID = "attngroup/suites/kernels/test_bench.py::test_decode_latency[triton-fp32]"
 
 
 def make_test(nodeid: str, outcome: str = "passed", **changes: object) -> TestResult:
@@ -52,7 +52,9 @@ def make_metric(
     )
 
 
-HOSTILE_ID = 'suites/grouping/test_x.py::test_groups[<script>window.injected=1</script>-"a&b"]'
+HOSTILE_ID = (
+    'attngroup/suites/grouping/test_x.py::test_groups[<script>window.injected=1</script>-"a&b"]'
+)
 HOSTILE_MESSAGE = '<img src=x onerror="window.injected=2"> builder planned 8 heads, got 4'
 
 
@@ -67,13 +69,13 @@ def hostile_history() -> tuple[RunRecord, RunRecord]:
     baseline = make_run(
         make_test(HOSTILE_ID, fields=fields, markers=("grouping",)),
         make_test(
-            "suites/kernels/test_k.py::test_decode[flashinfer-bf16]",
+            "attngroup/suites/kernels/test_k.py::test_decode[flashinfer-bf16]",
             "failed",
             fields={"backend": "flashinfer", "dtype": "bf16"},
             markers=("kernels", "gpu"),
         ),
         make_test(
-            "suites/spec_decode/test_s.py::test_greedy[gemma4-e2b-mtp-triton-fp32]",
+            "attngroup/suites/spec_decode/test_s.py::test_greedy[gemma4-e2b-mtp-triton-fp32]",
             fields={"pair": "gemma4-e2b-mtp", "backend": "triton", "dtype": "fp32"},
             markers=("spec_decode", "mtp"),
             step="spec-decode",
@@ -93,7 +95,7 @@ def hostile_history() -> tuple[RunRecord, RunRecord]:
             details="Traceback </pre><script>window.injected=3</script>",
         ),
         make_test(
-            "suites/kernels/test_k.py::test_decode[flashinfer-bf16]",
+            "attngroup/suites/kernels/test_k.py::test_decode[flashinfer-bf16]",
             "passed",
             fields={"backend": "flashinfer", "dtype": "bf16"},
             markers=("kernels", "gpu"),
@@ -109,13 +111,13 @@ HOSTILE_SELECTION = {
     "head": "HEAD",
     "run_all": False,
     "reason": "paths <u>changed</u>",
-    "changed_files": ["kernels/<evil>.py"],
+    "changed_files": ["attngroup/kernels/<evil>.py"],
     "steps": [
         {
             "key": "grouping",
             "label": "Grouping <script>window.injected=4</script>",
             "selected": True,
-            "why": ["kernels/<evil>.py matches kernels/"],
+            "why": ["attngroup/kernels/<evil>.py matches attngroup/kernels/"],
         },
         {"key": "spec-decode", "label": "Spec decode", "selected": False, "why": []},
     ],
@@ -147,7 +149,7 @@ def matrix_run() -> RunRecord:
     tests = [
         *(
             case(
-                f"suites/spec_decode/test_greedy_identity.py::test_spec_decode_greedy"
+                f"attngroup/suites/spec_decode/test_greedy_identity.py::test_spec_decode_greedy"
                 f"[{pair}-{backend}-{dtype}-k{k}]",
                 outcome,
                 markers=("spec_decode", "mtp"),
@@ -161,7 +163,7 @@ def matrix_run() -> RunRecord:
         ),
         *(
             case(
-                f"suites/grouping/test_grouping_conformance.py::test_groups[{pair}-tp{tp}]",
+                f"attngroup/suites/grouping/test_grouping_conformance.py::test_groups[{pair}-tp{tp}]",
                 "failed" if (pair, tp) == ("llama3-eagle", 2) else "passed",
                 pair=pair,
                 tp=str(tp),
@@ -171,7 +173,7 @@ def matrix_run() -> RunRecord:
         ),
         *(
             case(
-                f"suites/kernels/test_merged_group_hazard.py::test_merged_group_hazard[{i}]",
+                f"attngroup/suites/kernels/test_merged_group_hazard.py::test_merged_group_hazard[{i}]",
                 markers=("gpu", "grouping", "kernels", "mtp"),
                 pair="gemma4-e2b-mtp",
                 backend="triton",
@@ -181,7 +183,7 @@ def matrix_run() -> RunRecord:
         ),
         *(
             case(
-                f"suites/kernels/test_flashinfer.py::test_flashinfer_decode[case{i}]",
+                f"attngroup/suites/kernels/test_flashinfer.py::test_flashinfer_decode[case{i}]",
                 "skipped",
                 markers=("kernels", "gpu"),
                 backend="flashinfer",
@@ -191,14 +193,14 @@ def matrix_run() -> RunRecord:
         ),
         *(
             case(
-                f"suites/kernels/test_step_metadata.py::test_second_step_matches_the_reference[{p}]",
+                f"attngroup/suites/kernels/test_step_metadata.py::test_second_step_matches_the_reference[{p}]",
                 markers=("kernels",),
             )
             for p in ("large-then-small", "small-then-large", "padding-reset-after-fuller-step")
         ),
         *(
             case(
-                f"suites/hf_parity/test_hf_parity.py::test_target_logits_match_transformers"
+                f"attngroup/suites/hf_parity/test_hf_parity.py::test_target_logits_match_transformers"
                 f"[qwen3-mtp-{backend}]",
                 "skipped",
                 markers=("hf_parity", "mtp"),
@@ -208,7 +210,7 @@ def matrix_run() -> RunRecord:
             )
             for backend in ("torch", "triton")
         ),
-        case("suites/engine_units/test_scheduler.py::test_chunked_prefill", markers=()),
+        case("attngroup/suites/engine_units/test_scheduler.py::test_chunked_prefill", markers=()),
         case("tests/ci/test_select.py::test_attention_change_selects_spec_decode", markers=()),
     ]
     return make_run(*tests, run_id="matrix")

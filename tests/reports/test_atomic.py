@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from reports.atomic import OutputPathError, check_output_path, write_text_atomic
+from attngroup.reports.atomic import OutputPathError, check_output_path, write_text_atomic
 
 
 def test_failed_write_keeps_the_previous_file_and_no_temp_file(tmp_path, monkeypatch):

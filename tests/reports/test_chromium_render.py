@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from reports.cli import main
-from reports.record import write_record
+from attngroup.reports.cli import main
+from attngroup.reports.record import write_record
 from tests.reports.records import (
     HOSTILE_SELECTION,
     MATRIX_PAIRS,
@@ -72,8 +72,8 @@ MATRIX_PROBE = """<script>
     overflow: document.documentElement.scrollWidth - window.innerWidth,
     skipped_summary: skipped.querySelector(".cell-total").textContent.trim()
   };
-  kernels.querySelector("summary").click();
-  var panel = kernels.querySelector(".cell-tests");
+  attngroup.kernels.querySelector("summary").click();
+  var panel = attngroup.kernels.querySelector(".cell-tests");
   var box = panel.getBoundingClientRect();
   result.listed = panel.querySelectorAll("li").length;
   result.panel_on_screen = box.top >= 0 && box.bottom <= window.innerHeight && box.width > 0;

@@ -1,4 +1,4 @@
-"""``python -m reports build|compare``: exit codes, JSON output, never a broken report."""
+"""``python -m attngroup.reports build|compare``: exit codes, JSON output, never a broken report."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reports.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSION, main
-from reports.record import record_to_json, write_record
+from attngroup.reports.cli import EXIT_BAD_INPUT, EXIT_OK, EXIT_REGRESSION, main
+from attngroup.reports.record import record_to_json, write_record
 from tests.json_schemas import assert_matches_schema
 from tests.reports.records import (
     HOSTILE_SELECTION,
@@ -83,7 +83,7 @@ def test_compare_json(records, capsys):
         record_to_json(hostile_history()[1])["tests"][0]["nodeid"]
     ]
     assert [f["nodeid"] for f in document["fixed"]] == [
-        "suites/kernels/test_k.py::test_decode[flashinfer-bf16]"
+        "attngroup/suites/kernels/test_k.py::test_decode[flashinfer-bf16]"
     ]
     [metric] = document["metric_regressions"]
     assert metric["name"] == "decode_latency" and metric["significant"] is True
@@ -195,7 +195,7 @@ def test_module_entry_point(records):
         [
             sys.executable,
             "-m",
-            "reports",
+            "attngroup.reports",
             "compare",
             "--run",
             str(records["current"]),

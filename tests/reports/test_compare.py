@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from reports.compare import TEST_LISTS, Comparison, ThresholdPolicy, compare_runs
-from reports.selection import selection_from_json
+from attngroup.reports.compare import TEST_LISTS, Comparison, ThresholdPolicy, compare_runs
+from attngroup.reports.selection import selection_from_json
 from tests.reports.records import make_metric, make_run, make_test, noisy_samples
 
-GROUPING = "suites/grouping/test_groups.py::test_groups[gemma4-e2b-mtp-triton-fp32-tp1]"
-SPEC = "suites/spec_decode/test_spec.py::test_greedy[gemma4-e2b-mtp-triton-fp32-tp1]"
+GROUPING = "attngroup/suites/grouping/test_groups.py::test_groups[gemma4-e2b-mtp-triton-fp32-tp1]"
+SPEC = "attngroup/suites/spec_decode/test_spec.py::test_greedy[gemma4-e2b-mtp-triton-fp32-tp1]"
 
 
 def lists_containing(comparison: Comparison, nodeid: str) -> set[str]:
@@ -137,13 +137,13 @@ SELECTION = selection_from_json(
         "head": "bbb",
         "run_all": False,
         "reason": "changed paths",
-        "changed_files": ["ci/areas/grouping.yaml"],
+        "changed_files": ["attngroup/ci/areas/grouping.yaml"],
         "steps": [
             {
                 "key": "grouping",
                 "label": "Grouping",
                 "selected": True,
-                "why": ["ci/areas/grouping.yaml"],
+                "why": ["attngroup/ci/areas/grouping.yaml"],
             },
             {"key": "spec-decode", "label": "Spec decode", "selected": False, "why": []},
         ],

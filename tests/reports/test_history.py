@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reports.history import History, latest_baseline, load_history
-from reports.record import RecordError, write_record
+from attngroup.reports.history import History, latest_baseline, load_history
+from attngroup.reports.record import RecordError, write_record
 from tests.reports.records import make_run, make_test
 
 

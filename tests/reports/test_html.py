@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from reports.compare import compare_runs
-from reports.history import History
-from reports.html import render_report
-from reports.selection import selection_from_json
+from attngroup.reports.compare import compare_runs
+from attngroup.reports.history import History
+from attngroup.reports.html import render_report
+from attngroup.reports.selection import selection_from_json
 from tests.reports.records import (
     HOSTILE_ID,
     HOSTILE_MESSAGE,

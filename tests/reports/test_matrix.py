@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reports.compare import compare_runs
-from reports.matrix import NO_PAIR, area_of, build_matrix, cell_status
+from attngroup.reports.compare import compare_runs
+from attngroup.reports.matrix import NO_PAIR, area_of, build_matrix, cell_status
 from tests.reports.records import (
     HAZARD_TESTS,
     MATRIX_PAIRS,
@@ -103,9 +103,9 @@ def test_cell_status(counts, status):
 @pytest.mark.parametrize(
     ("nodeid", "markers", "area"),
     [
-        ("suites/kernels/test_h.py::t", ("grouping", "kernels"), "kernels"),
-        ("suites/spec_decode/test_h.py::t", ("grouping", "kernels"), "grouping"),
-        ("suites/engine_runner/test_r.py::t", (), "engine_runner"),
+        ("attngroup/suites/kernels/test_h.py::t", ("grouping", "kernels"), "kernels"),
+        ("attngroup/suites/spec_decode/test_h.py::t", ("grouping", "kernels"), "grouping"),
+        ("attngroup/suites/engine_runner/test_r.py::t", (), "engine_runner"),
         ("tests/reports/test_x.py::t", (), "harness"),
         ("test_top.py::t", (), "other"),
     ],

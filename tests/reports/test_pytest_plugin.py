@@ -1,6 +1,6 @@
 """The run-record pytest plugin: what it records, when it writes, and xdist merging.
 
-Inner pytest runs disable plugin autoloading and load ``reports.pytest_plugin`` (and
+Inner pytest runs disable plugin autoloading and load ``attngroup.reports.pytest_plugin`` (and
 xdist) explicitly: fast, and independent of whether the project is pip-installed.
 """
 
@@ -15,12 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from reports.pytest_plugin import METRIC_PROPERTY, _TestProgress
-from reports.record import RunRecord, load_record
+from attngroup.reports.pytest_plugin import METRIC_PROPERTY, _TestProgress
+from attngroup.reports.record import RunRecord, load_record
 from tests.json_schemas import assert_file_matches_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-PLUGIN = ("-p", "reports.pytest_plugin", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+PLUGIN = (
+    "-p",
+    "attngroup.reports.pytest_plugin",
+    "-W",
+    "ignore::pytest.PytestAssertRewriteWarning",
+)
 
 SAMPLE_CONFTEST = """
 def pytest_addoption(parser):

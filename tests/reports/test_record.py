@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reports.record import RecordError, load_record, record_to_json, write_record
+from attngroup.reports.record import RecordError, load_record, record_to_json, write_record
 from tests.reports.records import make_metric, make_run, make_test
 
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from reports.stats import bootstrap_median_ratio_interval, mann_whitney_u
+from attngroup.reports.stats import bootstrap_median_ratio_interval, mann_whitney_u
 
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy is the oracle for these checks")
 

@@ -1,0 +1,1 @@
+"""GPU benchmarks of the attention backends (``python -m attngroup.benchmarks.bench_attention``)."""

@@ -1,0 +1,323 @@
+"""End-to-end speculative-decoding step time: draft, verify and metadata building per step.
+
+The reference engine is built once for a pair, backend and dtype, with a fixed
+batch of ``--batch`` requests (random prompts of ``--prompt-len`` tokens, and
+``max_tokens`` long enough that none finishes during the run). It steps until
+every request decodes with ``k`` drafts, runs ``--warmup`` such steps untimed
+(Triton compiles, caches and pools reach their steady size), then times
+``--steps`` steps. Each is one speculative step for every request, as
+``LLMEngine.step`` runs it: one target verify forward over ``1 + k`` tokens per
+request, rejection sampling, and the draft's proposal of ``k`` tokens for the
+next step. A step that is anything else (a request finished, preempted or
+verified fewer drafts) stops the run with an error.
+
+Per step it records: ``draft_ms`` and ``verify_ms`` (the runner's forward
+timings; on CUDA they wait for the device before the clock stops, so they are
+kernel-complete; a state-layer pair's replay of the accepted tokens falls in
+the draft), ``metadata_ms`` (host time of the step's metadata builds, part of
+draft and verify), ``sampling_ms`` (rejection sampling and emission),
+``step_ms`` (the whole ``LLMEngine.step``, synchronised on CUDA),
+``tokens_per_s`` (tokens emitted in the step over its time) and
+``accepted_length`` (tokens emitted per request). It prints medians with
+p10 / p90 and writes the metric list (``--json``), each metric's ``samples``
+the per-step values, named ``spec_decode.<pair>.<backend>.<dtype>.b<B>.k<K>.<metric>``.
+Python's garbage collector is paused during the timed steps (as ``timeit`` does).
+
+Decode runs eagerly. CUDA graphs are not used: capturing the verify forward
+needs static inputs, and the per-step metadata is not static yet: the step
+builder's block-table views take the batch's current table width (a new
+layout, stride and offsets each time the longest context crosses a block), its
+buffers may be reallocated when a step needs more, the Triton launch derives
+its split-KV segment count from the host-side ``max_seq_len``, the token ids
+are a fresh tensor per step, and the torch backend reads per-request host
+copies. Those have to become fixed-shape device buffers before a capture can
+replay correctly.
+
+    python -m attngroup.benchmarks.bench_spec_decode --batch 64 --num-spec-tokens 3 --json out/bench/spec_decode.json
+    python -m attngroup.benchmarks.bench_spec_decode --device cpu --batch 1 --prompt-len 8 --warmup 1 --steps 3 --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attngroup.benchmarks.cli import argument_parser
+from attngroup.benchmarks.metrics import Metric, write_metrics
+from attngroup.reference_engine.generate_cli import DTYPES, positive_int, torch_dtype
+from attngroup.reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
+
+if TYPE_CHECKING:  # torch loads after the arguments are parsed, so --help answers at once
+    import torch
+
+BACKENDS = ("triton", "flashinfer", "torch")
+MIN_STEPS = 20
+"""Timed steps a measurement needs; fewer only with ``--smoke``."""
+BLOCK_SIZE = 16
+PREFILL_BUDGET = 8192
+"""Tokens per engine step while the prompts prefill (the verify steps need ``B * (k + 1)``)."""
+
+
+class NotSteadyError(RuntimeError):
+    """A timed step was not one speculative step of the whole batch."""
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One timed step, in milliseconds, and what it emitted."""
+
+    step_ms: float
+    draft_ms: float
+    verify_ms: float
+    metadata_ms: float
+    sampling_ms: float
+    tokens: int
+
+
+def spread(samples: Sequence[float]) -> tuple[float, float, float]:
+    """Median, p10 and p90 (inclusive deciles) of at least two samples."""
+    deciles = statistics.quantiles(samples, n=10, method="inclusive")
+    return statistics.median(samples), deciles[0], deciles[-1]
+
+
+def metric_prefix(args: argparse.Namespace) -> str:
+    return (
+        f"spec_decode.{args.pair}.{args.backend}.{args.dtype}.b{args.batch}.k{args.num_spec_tokens}"
+    )
+
+
+def max_tokens_for(args: argparse.Namespace) -> int:
+    """Generated tokens a request may reach: enough that none finishes during the run."""
+    # The prefill's sampled token, then at most k + 1 tokens per step: the steps that
+    # bring every request to drafting (up to 2), the warm-up and the timed steps.
+    return 1 + (args.warmup + args.steps + 2) * (args.num_spec_tokens + 1)
+
+
+def num_blocks_for(args: argparse.Namespace, max_tokens: int) -> int:
+    """Blocks per KV-cache group for the whole batch at its longest, with the null block."""
+    worst_case = args.prompt_len + max_tokens + args.num_spec_tokens + 1
+    return args.batch * (math.ceil(worst_case / BLOCK_SIZE) + 1) + 1
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argument_parser("attngroup.benchmarks.bench_spec_decode", __doc__.split("\n\n")[0])
+    parser.add_argument("--pair", choices=sorted(MODEL_PAIRS), default="gemma4-e2b-mtp")
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default=None, help="default: triton on CUDA, torch on CPU"
+    )
+    parser.add_argument(
+        "--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on CPU"
+    )
+    parser.add_argument("--num-spec-tokens", "-k", type=int, default=3, help="k drafts (1..8)")
+    parser.add_argument("--batch", type=positive_int, default=64, help="requests decoding together")
+    parser.add_argument("--prompt-len", type=positive_int, default=1024, help="tokens per prompt")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steady steps first")
+    parser.add_argument("--steps", type=int, default=50, help=f"timed steps (>= {MIN_STEPS})")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a functional check, not a measurement: allows 2 to 19 timed steps",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights and prompts")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--json", type=Path, help="write the metrics to this JSON file")
+    args = parser.parse_args(argv)
+    if not 1 <= args.num_spec_tokens <= 8:
+        parser.error(f"--num-spec-tokens must be in 1..8, got {args.num_spec_tokens}")
+    if args.warmup < 1:
+        parser.error(f"--warmup must be at least 1 (the first steps compile), got {args.warmup}")
+    if args.steps < 2:
+        parser.error(f"--steps must be at least 2, got {args.steps}")
+    if args.steps < MIN_STEPS and not args.smoke:
+        parser.error(
+            f"--steps must be at least {MIN_STEPS} for a measurement, got {args.steps} "
+            "(--smoke allows fewer for a functional check)"
+        )
+    import torch
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as error:
+        parser.error(f"--device {args.device}: {error}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is available")
+    if device.type not in ("cuda", "cpu"):
+        parser.error(f"--device {args.device}: only cuda and cpu are supported")
+    on_gpu = device.type == "cuda"
+    if args.backend is None:
+        args.backend = "triton" if on_gpu else "torch"
+    if args.dtype is None:
+        args.dtype = "bf16" if on_gpu else "fp32"
+    if args.backend == "flashinfer" and not on_gpu:
+        parser.error("--backend flashinfer needs a CUDA device")
+    return args
+
+
+def build_engine(args: argparse.Namespace) -> Any:
+    """The engine with the batch added (its prompts not yet run)."""
+    # Imported here: the engine pulls in triton, after main set the interpreter flag.
+    import torch
+
+    from attngroup.reference_engine.llm_engine import EngineConfig, LLMEngine
+    from attngroup.reference_engine.request import SamplingParams
+
+    k = args.num_spec_tokens
+    max_tokens = max_tokens_for(args)
+    engine = LLMEngine(
+        EngineConfig(
+            pair=args.pair,
+            backend=args.backend,
+            device=args.device,
+            dtype=torch_dtype(args.dtype),
+            block_size=BLOCK_SIZE,
+            num_blocks=num_blocks_for(args, max_tokens),
+            num_spec_tokens=k,
+            seed=args.seed,
+            max_num_seqs=args.batch,
+            max_num_batched_tokens=max(args.batch * (k + 1), PREFILL_BUDGET),
+        )
+    )
+    vocab_size = get_model_pair(args.pair).target_config().vocab_size
+    generator = torch.Generator().manual_seed(args.seed)
+    prompts = torch.randint(0, vocab_size, (args.batch, args.prompt_len), generator=generator)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    for prompt in prompts.tolist():
+        engine.add_request(prompt, params)
+    return engine
+
+
+def reach_steady_state(engine: Any, batch: int, k: int) -> None:
+    """Step until every request of the batch decodes with ``k`` drafts."""
+    limit = 4 + sum(len(r.prompt_token_ids) for r in engine.scheduler.waiting)
+    for _ in range(limit):
+        running = engine.scheduler.running
+        if len(running) == batch and all(len(r.spec_token_ids) == k for r in running):
+            return
+        engine.step()
+    raise NotSteadyError(f"the batch did not reach {batch} requests drafting {k} tokens")
+
+
+def synchronize(device: torch.device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_step(engine: Any, batch: int, k: int, device: torch.device) -> StepSample:
+    """One ``LLMEngine.step``, checked to be one speculative step of the whole batch."""
+    runner, stats = engine.runner.timings, engine.stats
+    before = (runner.draft_forward, runner.target_forward, runner.metadata, stats.timings.sampling)
+    generated, drafts = stats.num_generated_tokens, stats.spec.num_draft_tokens
+    preemptions = engine.scheduler.num_preemptions
+    started = time.perf_counter()
+    finished = engine.step()
+    synchronize(device)
+    elapsed = time.perf_counter() - started
+    verified = stats.spec.num_draft_tokens - drafts
+    if finished or engine.scheduler.num_preemptions != preemptions or verified != batch * k:
+        raise NotSteadyError(
+            f"not a steady speculative step: {len(finished)} finished, "
+            f"{engine.scheduler.num_preemptions - preemptions} preempted, {verified} drafts "
+            f"verified (expected {batch} x {k})"
+        )
+    after = (runner.draft_forward, runner.target_forward, runner.metadata, stats.timings.sampling)
+    draft, verify, metadata, sampling = (1e3 * (a - b) for a, b in zip(after, before, strict=True))
+    return StepSample(
+        step_ms=1e3 * elapsed,
+        draft_ms=draft,
+        verify_ms=verify,
+        metadata_ms=metadata,
+        sampling_ms=sampling,
+        tokens=stats.num_generated_tokens - generated,
+    )
+
+
+def time_steps(engine: Any, args: argparse.Namespace) -> list[StepSample]:
+    """Fill the batch, warm up, then time ``args.steps`` steps."""
+    import torch
+
+    device = torch.device(args.device)
+    k = args.num_spec_tokens
+    reach_steady_state(engine, args.batch, k)
+    for _ in range(args.warmup):
+        timed_step(engine, args.batch, k, device)
+    gc.collect()
+    gc.disable()
+    try:
+        return [timed_step(engine, args.batch, k, device) for _ in range(args.steps)]
+    finally:
+        gc.enable()
+
+
+def metrics_of(args: argparse.Namespace, samples: Sequence[StepSample]) -> list[Metric]:
+    prefix = metric_prefix(args)
+    per_step = {
+        field: [getattr(sample, field) for sample in samples]
+        for field in ("step_ms", "draft_ms", "verify_ms", "metadata_ms", "sampling_ms")
+    }
+    metrics = [
+        Metric(f"{prefix}.{field}", statistics.median(values), "ms", values, False)
+        for field, values in per_step.items()
+    ]
+    rates = [1e3 * sample.tokens / sample.step_ms for sample in samples]
+    lengths = [sample.tokens / args.batch for sample in samples]
+    metrics.append(
+        Metric(f"{prefix}.tokens_per_s", statistics.median(rates), "tokens/s", rates, True)
+    )
+    metrics.append(
+        Metric(f"{prefix}.accepted_length", statistics.median(lengths), "tokens", lengths, True)
+    )
+    return metrics
+
+
+def print_summary(args: argparse.Namespace, metrics: Sequence[Metric]) -> None:
+    smoke = "  (smoke run: not a measurement)" if args.smoke else ""
+    print(
+        f"{metric_prefix(args)} on {args.device}: {args.steps} timed steps after {args.warmup} "
+        f"warm-up, prompt {args.prompt_len} tokens{smoke}"
+    )
+    for metric in metrics:
+        median, p10, p90 = spread(metric.samples)
+        label = metric.name.rsplit(".", 1)[1]
+        print(f"  {label:<16} {median:12.3f} {metric.unit:<9} p10 {p10:12.3f}  p90 {p90:12.3f}")
+    print("  (metadata_ms is host time, part of draft_ms and verify_ms)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if torch.device(args.device).type == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # the KV write is a Triton kernel
+    try:
+        engine = build_engine(args)
+    except ValueError as error:  # a configuration the engine refuses (backend, dtype, device)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        samples = time_steps(engine, args)
+    except NotSteadyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    metrics = metrics_of(args, samples)
+    print_summary(args, metrics)
+    if args.json is not None:
+        write_metrics(args.json, metrics)
+        print(f"wrote {len(metrics)} metrics to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

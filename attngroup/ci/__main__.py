@@ -1,0 +1,5 @@
+import sys
+
+from attngroup.ci.cli import main
+
+sys.exit(main())

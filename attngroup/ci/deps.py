@@ -1,0 +1,437 @@
+"""Dependency-gap checker: does each step declare every file its tests actually import?
+
+For each step: its pytest commands -> the test files they collect -> the transitive import
+closure of those files, their conftest.py chain and installed pytest plugins -> repository
+paths. Reachable paths that no ``source_file_dependencies`` entry covers are gaps: a change
+there would not select the step (the missed attention-backend -> spec-decode rule). Gaps are
+*static* (an import chain reaches them) or *registry* (only a registry's dotted-path string
+does); closures are bitsets (``attngroup.ci.reach``), so a vLLM-sized tree takes seconds.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attngroup.ci.config import RunConfig, Step, TestAreas
+from attngroup.ci.errors import CIInputError
+from attngroup.ci.imports import REGISTRY, STATIC, ImportGraph, import_root_problems
+from attngroup.ci.inventory_cache import TestInventory
+from attngroup.ci.pytest_commands import CommandParseError, PytestRun, pytest_runs
+from attngroup.ci.reach import members
+from attngroup.ci.selection import Selection, matches_dependency, split_dependencies
+from attngroup.ci.test_inventory import (
+    TestFunction,
+    clear_caches,
+    collected_files,
+    conftest_chain,
+    is_test_file,
+    missing_targets,
+    selected_tests,
+)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A file the step's tests import that no dependency entry covers."""
+
+    path: str
+    kind: str  # "static" (an import chain) or "registry" (only via a registry's strings)
+    suggestion: str  # the shortest entry that covers it without covering unreachable files
+
+
+@dataclass(frozen=True)
+class StepReport:
+    key: str
+    location: str
+    test_files: tuple[str, ...] = ()
+    roots: tuple[str, ...] = ()  # test files, their conftest chain, plugins
+    reachable: int = 0
+    gaps: tuple[Gap, ...] = ()
+    missing_declared: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # unparseable commands, missing test paths, empty filters
+    ignored: tuple[tuple[str, str], ...] = ()  # (path, reason)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.gaps or self.missing_declared or self.problems)
+
+    def entries_to_add(self) -> list[tuple[str, int, str]]:
+        """(entry, gaps it covers, kind) ranked by gaps covered; kind is ``registry`` when
+        every gap under the entry is a registry gap."""
+        counts = Counter(gap.suggestion for gap in self.gaps)
+        static = {gap.suggestion for gap in self.gaps if gap.kind == STATIC}
+        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        return [(entry, n, STATIC if entry in static else REGISTRY) for entry, n in ranked]
+
+
+@dataclass(frozen=True)
+class DependencyReport:
+    steps: tuple[StepReport, ...]
+    orphan_tests: tuple[str, ...]
+    stale_ignores: tuple[str, ...]
+    modules_indexed: int
+    closures: dict[str, frozenset[str]] = field(default_factory=dict, compare=False)
+    known: int = 0  # findings left out because the baseline records them
+
+    @property
+    def ok(self) -> bool:
+        return all(step.ok for step in self.steps) and not self.orphan_tests
+
+
+@dataclass(frozen=True)
+class MissedTrigger:
+    """A changed file that an unselected step's tests import: the step should have run."""
+
+    key: str
+    location: str
+    path: str
+    kind: str
+    chain: tuple[str, ...]  # test file (or conftest/plugin) -> ... -> the changed file
+    suggestion: str
+    known: bool = False  # recorded in the baseline
+
+
+@dataclass(frozen=True)
+class ProjectSettings:
+    """What pytest itself reads from pyproject.toml: default paths and auto-loaded plugins."""
+
+    testpaths: tuple[str, ...] = ()
+    plugin_modules: tuple[str, ...] = ()
+
+    @classmethod
+    def read(cls, repo_root: Path) -> ProjectSettings:
+        pyproject = repo_root / "pyproject.toml"
+        if not pyproject.is_file():
+            return cls()
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as error:
+            raise CIInputError(f"pyproject.toml: {error}") from None
+        options = data.get("tool", {}).get("pytest", {}).get("ini_options", {})
+        plugins = data.get("project", {}).get("entry-points", {}).get("pytest11", {})
+        return cls(
+            testpaths=tuple(options.get("testpaths", ())),
+            plugin_modules=tuple(value.partition(":")[0] for value in plugins.values()),
+        )
+
+
+class _Coverage:
+    """Bitsets over the graph's nodes: which files a dependency entry covers, and the
+    shortest directory entry whose every file a step already reaches or covers."""
+
+    def __init__(self, graph: ImportGraph) -> None:
+        self.nodes = graph.nodes
+        self.all = (1 << len(self.nodes)) - 1
+        self.under: dict[str, int] = defaultdict(int)  # file or directory -> files at/below it
+        for index, path in enumerate(self.nodes):
+            parts = path.split("/")
+            for depth in range(1, len(parts) + 1):
+                self.under["/".join(parts[:depth])] |= 1 << index
+
+    def covered(self, dependencies: tuple[str, ...]) -> int:
+        includes, excludes = split_dependencies(tuple(dependencies))
+        bits = 0
+        for entry in includes:
+            bits |= self.under.get(entry.rstrip("/"), 0)
+        for entry in excludes:
+            bits &= ~self.under.get(entry.rstrip("/"), 0)
+        return bits
+
+    def suggest(self, path: str, outside: int, known: dict[str, str | None]) -> str:
+        """The shortest directory entry covering ``path`` and nothing in ``outside``
+        (``known`` remembers the answer per parent directory, for one step)."""
+        parent = path.rpartition("/")[0]
+        if parent not in known:
+            parts = parent.split("/") if parent else []
+            known[parent] = next(
+                (
+                    f"{directory}/"
+                    for directory in ("/".join(parts[:depth]) for depth in range(1, len(parts) + 1))
+                    if not self.under[directory] & outside
+                ),
+                None,
+            )
+        return known[parent] or path
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What one step's commands collect and import."""
+
+    test_files: tuple[str, ...]
+    roots: tuple[str, ...]
+    problems: tuple[str, ...]
+    runs: tuple[tuple[PytestRun, tuple[str, ...]], ...] = ()  # each run and the files it collects
+
+
+def _scope(
+    step: Step, repo_root: Path, config: RunConfig, settings: ProjectSettings, graph: ImportGraph
+) -> _Scope:
+    problems: list[str] = []
+    try:
+        runs = pytest_runs(
+            step.commands, step.working_dir or config.default_working_dir, config.workspace_root
+        )
+    except CommandParseError as error:
+        runs, problems = [], [str(error)]
+    test_files: list[str] = []
+    collected = []
+    for run in runs:
+        problems.extend(
+            f"{run.command!r}: test path {path!r} does not exist"
+            for path in missing_targets(repo_root, run)
+        )
+        files = tuple(collected_files(repo_root, run, settings.testpaths))
+        collected.append((run, files))
+        test_files.extend(files)
+    test_files = list(dict.fromkeys(test_files))
+    roots = dict.fromkeys(test_files)
+    if test_files:
+        for test_file in test_files:
+            roots.update(dict.fromkeys(conftest_chain(repo_root, test_file)))
+        roots.update(
+            dict.fromkeys(
+                graph.modules[module]
+                for module in settings.plugin_modules
+                if module in graph.modules
+            )
+        )
+    return _Scope(tuple(test_files), tuple(roots), tuple(problems), tuple(collected))
+
+
+def _selection_problems(
+    repo_root: Path,
+    scope: _Scope,
+    step_key: str,
+    selected: dict[str, set[str]],
+    inventory: TestInventory,
+) -> list[str]:
+    """Commands whose paths and filters select no test; records which tests each step runs."""
+    problems = []
+    for run, files in scope.runs:
+        try:
+            tests = selected_tests(repo_root, run, list(files), inventory)
+        except ValueError as error:
+            problems.append(f"{run.command!r}: {error}")
+            continue
+        if not tests:
+            problems.append(f"{run.command!r}: its paths and filters select no test")
+        for test in tests:
+            selected.setdefault(test.node_id, set()).add(step_key)
+    return problems
+
+
+def _missing_declared(step: Step, repo_root: Path) -> list[str]:
+    includes, excludes = split_dependencies(step.source_file_dependencies)
+    return [
+        entry
+        for entry in (*includes, *(f"!{item}" for item in excludes))
+        if not (repo_root / entry.removeprefix("!").rstrip("/")).exists()
+    ]
+
+
+def _ignore_reason(ignores: Mapping[str, str], path: str) -> str | None:
+    """The reason of the first ``ignore`` entry (path -> reason) that covers ``path``."""
+    return next((why for entry, why in ignores.items() if matches_dependency(entry, path)), None)
+
+
+class DependencyChecker:
+    """One repository's import graph and step scopes, shared by the whole-repository check
+    and the change mode."""
+
+    def __init__(
+        self,
+        areas: TestAreas,
+        config: RunConfig,
+        repo_root: Path,
+        graph: ImportGraph | None = None,
+        cache_dir: Path | None = None,
+    ) -> None:
+        check = config.dependency_check
+        problems = import_root_problems(repo_root, check.import_roots)
+        problems += [
+            f"registries entry {path!r} is not a Python file of the repository"
+            for path in check.registries
+            if not (path.endswith(".py") and (repo_root / path).is_file())
+        ]
+        unknown = sorted(set(check.ignore) - {step.key for step in areas.steps})
+        if unknown:
+            problems.append(f"ignore names unknown steps {unknown}")
+        if problems:
+            raise CIInputError(
+                "\n".join(f"{config.path}: dependency_check: {problem}" for problem in problems)
+            )
+        clear_caches()  # files may have changed since an earlier check in this process
+        self.areas, self.config, self.repo_root = areas, config, repo_root
+        self.cache_dir = cache_dir
+        self.settings = ProjectSettings.read(repo_root)
+        self.graph = graph or ImportGraph.scan(
+            repo_root, check.import_roots, check.registries, cache_dir
+        )
+        self.coverage = _Coverage(self.graph)
+        self.scopes = {
+            step.key: _scope(step, repo_root, config, self.settings, self.graph)
+            for step in areas.steps
+        }
+
+    def _reach(self, scope: _Scope) -> tuple[int, int]:
+        """(files reached statically, files reached by any edge) as bitsets."""
+        static = self.graph.reach(scope.roots, (STATIC,))
+        return static, static | self.graph.reach(scope.roots, (STATIC, REGISTRY))
+
+    def check_step(
+        self, step: Step, selected: dict[str, set[str]], inventory: TestInventory
+    ) -> StepReport:
+        scope = self.scopes[step.key]
+        static, reachable = self._reach(scope)
+        covered = self.coverage.covered(step.dependencies)
+        outside = self.coverage.all & ~(reachable | covered)
+        known: dict[str, str | None] = {}
+        ignores = self.config.dependency_check.ignore.get(step.key, {})
+        static_gaps = set(members(static & ~covered))
+        gaps, ignored = [], []
+        for index in members(reachable & ~covered):
+            path = self.graph.nodes[index]
+            reason = _ignore_reason(ignores, path) if ignores else None
+            if reason is not None:
+                ignored.append((path, reason))
+                continue
+            kind = STATIC if index in static_gaps else REGISTRY
+            gaps.append(Gap(path, kind, self.coverage.suggest(path, outside, known)))
+        problems = [
+            *scope.problems,
+            *_selection_problems(self.repo_root, scope, step.key, selected, inventory),
+        ]
+        return StepReport(
+            key=step.key,
+            location=f"{step.file}:{step.line}",
+            test_files=scope.test_files,
+            roots=scope.roots,
+            reachable=bin(reachable).count("1"),
+            gaps=tuple(gaps),
+            missing_declared=tuple(_missing_declared(step, self.repo_root)),
+            problems=tuple(problems),
+            ignored=tuple(ignored),
+        )
+
+    def check_all(self) -> DependencyReport:
+        """Gaps, dead entries and unrun tests for every step."""
+        test_roots = self.config.dependency_check.test_roots or self.settings.testpaths or (".",)
+        test_files = {
+            *(path for scope in self.scopes.values() for path in scope.test_files),
+            *_test_files(test_roots, self.graph),
+        }
+        inventory = TestInventory(self.repo_root, sorted(test_files), self.cache_dir)
+        selected: dict[str, set[str]] = {}
+        reports = [self.check_step(step, selected, inventory) for step in self.areas.steps]
+        closures = {
+            report.key: frozenset(
+                self.graph.nodes[index]
+                for index in members(self._reach(self.scopes[report.key])[1])
+            )
+            for report in reports
+        }
+        used = {(report.key, path) for report in reports for path, _ in report.ignored}
+        stale = [
+            f"{key}: {entry}"
+            for key, entries in self.config.dependency_check.ignore.items()
+            for entry in entries
+            if not any(k == key and matches_dependency(entry, path) for k, path in used)
+        ]
+        tests = [
+            test
+            for path in _test_files(test_roots, self.graph)
+            for test in inventory(self.repo_root, path)
+        ]
+        orphans = _orphans(tests, selected)
+        return DependencyReport(
+            tuple(reports), tuple(orphans), tuple(stale), len(self.graph.modules), closures
+        )
+
+    def missed_triggers(self, selection: Selection) -> list[MissedTrigger]:
+        """Each unselected step whose imports reach a changed file, with the chain."""
+        position = {path: index for index, path in enumerate(self.graph.nodes)}
+        changed = [path for path in selection.changed_files if path in position]
+        chosen = selection.selected_keys()
+        missed = []
+        for step in self.areas.steps:
+            if step.key in chosen or not changed:
+                continue
+            scope = self.scopes[step.key]
+            reachable = self._reach(scope)[1]
+            ignores = self.config.dependency_check.ignore.get(step.key, {})
+            hits = [
+                path
+                for path in changed
+                if reachable >> position[path] & 1 and _ignore_reason(ignores, path) is None
+            ]
+            if not hits:
+                continue
+            covered = self.coverage.covered(step.dependencies)
+            outside = self.coverage.all & ~(reachable | covered)
+            known: dict[str, str | None] = {}
+            for path in hits:
+                chain, kind = self.graph.chain(scope.roots, path)
+                missed.append(
+                    MissedTrigger(
+                        step.key,
+                        f"{step.file}:{step.line}",
+                        path,
+                        kind,
+                        chain,
+                        self.coverage.suggest(path, outside, known),
+                    )
+                )
+        return missed
+
+
+def check_dependencies(
+    areas: TestAreas,
+    config: RunConfig,
+    repo_root: Path,
+    graph: ImportGraph | None = None,
+    cache_dir: Path | None = None,
+) -> DependencyReport:
+    """Gaps, dead entries and unrun tests for every step of ``areas``."""
+    return DependencyChecker(areas, config, repo_root, graph, cache_dir).check_all()
+
+
+def _test_files(roots: tuple[str, ...], graph: ImportGraph) -> list[str]:
+    return [
+        path
+        for path in graph.nodes
+        if is_test_file(path)
+        and any(root in (".", "") or path.startswith(f"{root.rstrip('/')}/") for root in roots)
+    ]
+
+
+def _orphans(tests: list[TestFunction], selected: dict[str, set[str]]) -> list[str]:
+    """Test node ids no step runs; a whole file is named once when none of it runs."""
+    by_file: dict[str, list[TestFunction]] = defaultdict(list)
+    for test in tests:
+        by_file[test.file].append(test)
+    orphans = []
+    for path, file_tests in by_file.items():
+        unrun = [test.node_id for test in file_tests if test.node_id not in selected]
+        orphans.extend([path] if len(unrun) == len(file_tests) else unrun)
+    return orphans
+
+
+def suggested_entries(step: StepReport) -> list[str]:
+    """The entries ``--fix`` adds: one per distinct suggestion, most general first."""
+    entries = sorted({gap.suggestion for gap in step.gaps}, key=lambda entry: (len(entry), entry))
+    minimal: list[str] = []
+    for entry in entries:
+        if not any(matches_dependency(kept, entry.rstrip("/")) for kept in minimal):
+            minimal.append(entry)
+    return minimal
+
+
+def example_chain(graph: ImportGraph, step: StepReport, entry: str) -> tuple[str, ...]:
+    """The shortest import chain to the first gap that ``entry`` would cover."""
+    path = next(gap.path for gap in step.gaps if gap.suggestion == entry)
+    return graph.chain(step.roots, path)[0]

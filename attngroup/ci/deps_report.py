@@ -1,0 +1,160 @@
+"""check-deps output: short, ranked text for people and bounded JSON for tools.
+
+A whole-repository run on vLLM finds thousands of gaps; listing them all (the old report: 105
+to 210 MB) buries the finding. The report ranks steps by gap count and, per step, the entries
+to add by how many gaps each covers, with one import chain as evidence; JSON carries counts
+and entries, never one record per gap, so it stays small.
+"""
+
+from __future__ import annotations
+
+from attngroup.ci.deps import DependencyReport, MissedTrigger, StepReport, example_chain
+from attngroup.ci.imports import REGISTRY, STATIC, ImportGraph
+from attngroup.ci.selection import Selection
+
+TOP_STEPS = 10  # steps shown in detail without --verbose
+TOP_ENTRIES = 3  # entries to add shown per step without --verbose
+JSON_ENTRIES = 25  # entries to add per step in --json (the rest are counted)
+
+
+def _kinds(step: StepReport) -> str:
+    static = sum(gap.kind == STATIC for gap in step.gaps)
+    return f"{static} static, {len(step.gaps) - static} registry"
+
+
+def _ranked(report: DependencyReport) -> list[StepReport]:
+    failing = [step for step in report.steps if not step.ok]
+    return sorted(failing, key=lambda step: (-len(step.gaps), step.key))
+
+
+def format_report(report: DependencyReport, graph: ImportGraph, verbose: bool = False) -> str:
+    """Summary line, then the failing steps ranked by gap count with their top entries."""
+    ranked = _ranked(report)
+    gaps = [gap for step in report.steps for gap in step.gaps]
+    static = sum(gap.kind == STATIC for gap in gaps)
+    lines = [
+        f"check-deps: {len(report.steps)} steps, {len(ranked)} failing; {len(gaps)} gaps "
+        f"({static} static, {len(gaps) - static} registry); {len(report.orphan_tests)} tests "
+        f"run by no step; {report.modules_indexed} modules indexed"
+        + (f"; {report.known} known findings in the baseline" if report.known else "")
+    ]
+    shown = ranked if verbose else ranked[:TOP_STEPS]
+    for step in shown:
+        lines.append(f"[FAIL] {step.key} ({step.location}): {len(step.gaps)} gaps ({_kinds(step)})")
+        entries = step.entries_to_add()
+        for position, (entry, count, kind) in enumerate(
+            entries if verbose else entries[:TOP_ENTRIES]
+        ):
+            lines.append(f"    add {entry!r}: covers {count} {kind} gaps")
+            if position == 0:
+                lines.append(f"        {' -> '.join(example_chain(graph, step, entry))}")
+        if len(entries) > TOP_ENTRIES and not verbose:
+            lines.append(f"    ... {len(entries) - TOP_ENTRIES} more entries (-v lists all)")
+        lines.extend(f"    declared path does not exist: {item}" for item in step.missing_declared)
+        lines.extend(f"    problem: {problem}" for problem in step.problems)
+        if verbose:
+            lines.extend(f"    ignored: {path} ({reason})" for path, reason in step.ignored)
+    if len(ranked) > len(shown):
+        rest = ranked[len(shown) :]
+        lines.append(
+            f"... {len(rest)} more failing steps with {sum(len(s.gaps) for s in rest)} gaps "
+            "(-v or --json lists them)"
+        )
+    orphans = report.orphan_tests if verbose else report.orphan_tests[:TOP_STEPS]
+    lines.extend(f"test run by no step: {orphan}" for orphan in orphans)
+    if len(report.orphan_tests) > len(orphans):
+        lines.append(f"... {len(report.orphan_tests) - len(orphans)} more tests run by no step")
+    lines.extend(f"warning: ignore entry matches nothing: {item}" for item in report.stale_ignores)
+    lines.append("no dependency gaps" if report.ok else "dependency check FAILED")
+    return "\n".join(lines)
+
+
+def report_json(report: DependencyReport, graph: ImportGraph) -> dict:
+    """Counts and the top ranked entries per step (an example chain for the first), never one
+    record per gap: about 1 MB for vLLM's 316 steps and 400,000 gaps."""
+    steps = []
+    for step in sorted(report.steps, key=lambda step: (-len(step.gaps), step.key)):
+        static = sum(gap.kind == STATIC for gap in step.gaps)
+        entries = step.entries_to_add()
+        steps.append(
+            {
+                "key": step.key,
+                "location": step.location,
+                "ok": step.ok,
+                "test_files": len(step.test_files),
+                "reachable": step.reachable,
+                "gaps": {STATIC: static, REGISTRY: len(step.gaps) - static},
+                "add": [
+                    {"entry": entry, "gaps": count, "kind": kind}
+                    | ({"example": list(example_chain(graph, step, entry))} if not index else {})
+                    for index, (entry, count, kind) in enumerate(entries[:JSON_ENTRIES])
+                ],
+                "more_entries": max(len(entries) - JSON_ENTRIES, 0),
+                "missing_declared": list(step.missing_declared),
+                "problems": list(step.problems),
+                "ignored": [{"path": path, "reason": reason} for path, reason in step.ignored],
+            }
+        )
+    gaps = [gap for step in report.steps for gap in step.gaps]
+    return {
+        "ok": report.ok,
+        "summary": {
+            "steps": len(report.steps),
+            "failing_steps": len(_ranked(report)),
+            "gaps": {
+                STATIC: sum(gap.kind == STATIC for gap in gaps),
+                REGISTRY: sum(gap.kind == REGISTRY for gap in gaps),
+            },
+            "modules_indexed": report.modules_indexed,
+            "known_in_baseline": report.known,
+        },
+        "steps": steps,
+        "orphan_tests": list(report.orphan_tests),
+        "stale_ignores": list(report.stale_ignores),
+    }
+
+
+def format_missed(missed: list[MissedTrigger], selection: Selection, verbose: bool = False) -> str:
+    """The pull-request question, per changed file: which unselected steps import it, each
+    with the chain that proves it (shortest chains first; the first ten unless verbose)."""
+    new = [item for item in missed if not item.known]
+    lines = [
+        f"check-deps --base {selection.base}: {len(selection.changed_files)} changed files; "
+        f"{len({item.key for item in new})} unselected steps import them"
+    ]
+    by_path: dict[str, list[MissedTrigger]] = {}
+    for item in missed:
+        by_path.setdefault(item.path, []).append(item)
+    for path, items in by_path.items():
+        items.sort(key=lambda item: (item.known, len(item.chain), item.key))
+        lines.append(f"{path}: imported by {len(items)} unselected steps")
+        for item in items if verbose else items[:TOP_STEPS]:
+            tag = "known" if item.known else "MISSED"
+            lines.append(
+                f"  [{tag}] {item.key} ({item.location}, {item.kind}): add {item.suggestion!r}"
+            )
+            lines.append(f"      {' -> '.join(item.chain)}")
+        if len(items) > TOP_STEPS and not verbose:
+            lines.append(f"  ... {len(items) - TOP_STEPS} more steps (-v or --json lists all)")
+    lines.append("missed triggers FOUND" if new else "no missed triggers")
+    return "\n".join(lines)
+
+
+def missed_json(missed: list[MissedTrigger], selection: Selection) -> dict:
+    return {
+        "ok": not any(not item.known for item in missed),
+        "base": selection.base,
+        "changed_files": list(selection.changed_files),
+        "missed": [
+            {
+                "step": item.key,
+                "location": item.location,
+                "path": item.path,
+                "kind": item.kind,
+                "chain": list(item.chain),
+                "add": item.suggestion,
+                "known": item.known,
+            }
+            for item in missed
+        ],
+    }

@@ -1,0 +1,235 @@
+"""Import graph of a repository: which repository files a file makes Python execute.
+
+Two kinds of edge, reported apart. *Static* edges come from import statements, at module
+level or inside functions (``import a.b``, ``from a import b`` where ``b`` may be a module,
+relative imports); importing ``a.b.c`` also runs ``a/__init__.py`` and ``a/b/__init__.py``.
+Imports under ``if TYPE_CHECKING:`` never run and are no edges. *Registry* edges come from
+dotted-path strings (``"attngroup.kernels.backends.triton_attn.TritonAttentionBackend"``) and f-string
+templates, and only in the files the configuration names as registries: elsewhere such a
+string names one lazily loaded choice among hundreds (one model, one tokenizer), and following
+it would make every test depend on every model.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attngroup.ci.parse_cache import Facts, parse_files
+from attngroup.ci.reach import closures
+
+SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "build", "dist", "venv", "site-packages"})
+STATIC = "static"
+REGISTRY = "registry"
+
+
+def iter_python_files(repo_root: Path, under: str = ".") -> Iterator[str]:
+    """Repository-relative paths of .py files, skipping hidden, cache and build directories."""
+    start = (repo_root / under).resolve()
+    if start.is_file():
+        if start.suffix == ".py":
+            yield start.relative_to(repo_root.resolve()).as_posix()
+        return
+    root = repo_root.resolve()
+    for directory, subdirs, files in os.walk(start):
+        subdirs[:] = sorted(
+            name
+            for name in subdirs
+            if not name.startswith(".")
+            and name not in SKIPPED_DIRS
+            and not name.endswith(".egg-info")
+        )
+        relative = Path(directory).relative_to(root)
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield (relative / name).as_posix()
+
+
+def module_name(path: str, import_root: str = ".") -> str:
+    """``a/b/c.py`` -> ``a.b.c``; ``a/b/__init__.py`` -> ``a.b`` (relative to ``import_root``)."""
+    relative = os.path.relpath(path, import_root) if import_root != "." else path
+    parts = relative[: -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_root_problems(repo_root: Path, import_roots: Iterable[str]) -> list[str]:
+    """Why an ``import_roots`` entry would silently index nothing, or index shifted names."""
+    problems = []
+    for root in import_roots:
+        directory = repo_root / root
+        if not directory.is_dir():
+            problems.append(f"import_roots entry {root!r} is not a directory of the repository")
+        elif (directory / "__init__.py").is_file():
+            parent = os.path.dirname(root.rstrip("/")) or "."
+            problems.append(
+                f"import_roots entry {root!r} is a package ({root.rstrip('/')}/__init__.py "
+                f"exists): its modules would be indexed without the "
+                f"'{os.path.basename(root.rstrip('/'))}.' prefix that imports use; "
+                f"name the directory on sys.path instead ({parent!r})"
+            )
+        elif next(iter_python_files(repo_root, root), None) is None:
+            problems.append(f"import_roots entry {root!r} holds no Python file")
+    return problems
+
+
+@dataclass
+class ImportGraph:
+    """Module index, import facts of every indexed file, and both kinds of edge."""
+
+    repo_root: Path
+    import_roots: tuple[str, ...] = (".",)
+    registries: frozenset[str] = frozenset()
+    cache_dir: Path | None = None
+    modules: dict[str, str] = field(default_factory=dict)  # module name -> path
+    path_modules: dict[str, str] = field(default_factory=dict)  # path -> module name
+    facts: dict[str, Facts] = field(default_factory=dict)
+    _edges: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    _closures: dict[tuple[str, ...], tuple[dict[str, int], list[int]]] = field(default_factory=dict)
+
+    @classmethod
+    def scan(
+        cls,
+        repo_root: Path,
+        import_roots: Iterable[str] = (".",),
+        registries: Iterable[str] = (),
+        cache_dir: Path | None = None,
+    ) -> ImportGraph:
+        graph = cls(repo_root, tuple(import_roots), frozenset(registries), cache_dir)
+        for import_root in graph.import_roots:
+            for path in iter_python_files(repo_root, import_root):
+                name = module_name(path, import_root)
+                if name and "-" not in name:
+                    graph.modules.setdefault(name, path)
+                    graph.path_modules.setdefault(path, name)
+        graph.facts = parse_files(repo_root, graph.path_modules, cache_dir)
+        return graph
+
+    @property
+    def parse_errors(self) -> dict[str, str]:
+        return {path: facts["error"] for path, facts in self.facts.items() if "error" in facts}
+
+    @functools.cached_property
+    def top_level(self) -> set[str]:
+        return {name.split(".")[0] for name in self.modules}
+
+    def _facts(self, path: str) -> Facts:
+        if path not in self.facts:  # a root outside the import roots: parsed, not cached
+            self.facts.update(parse_files(self.repo_root, [path]))
+        return self.facts[path]
+
+    def _prefix_modules(self, dotted: str) -> list[str]:
+        """Paths of every known module among the prefixes of ``dotted`` (packages first)."""
+        parts = dotted.split(".")
+        names = (".".join(parts[: index + 1]) for index in range(len(parts)))
+        return [self.modules[name] for name in names if name in self.modules]
+
+    def _package_of(self, path: str) -> str:
+        name = self.path_modules.get(path, module_name(path))
+        return name if path.endswith("__init__.py") else name.rpartition(".")[0]
+
+    def _imported_names(self, path: str) -> Iterator[str]:
+        for level, module, names in self._facts(path)["imports"]:
+            if level:
+                package = self._package_of(path).split(".")
+                keep = len(package) - (level - 1)
+                base = ".".join([*package[: max(keep, 0)], *filter(None, [module])])
+            else:
+                base = module
+            if base:
+                yield base
+            for name in names or ():
+                yield f"{base}.{name}" if base else name
+
+    def _string_targets(self, path: str) -> Iterator[str]:
+        facts = self._facts(path)
+        for dotted in facts["strings"]:
+            if dotted.split(".")[0] not in self.top_level:
+                continue
+            found = self._prefix_modules(dotted)
+            # "ci.yaml" names no module; "pkg.mod.Class" does (2+ known components).
+            if dotted in self.modules or len(found) >= 2:
+                yield from found
+        for pieces in facts["templates"]:
+            if pieces[0].split(".")[0] not in self.top_level:
+                continue
+            pattern = re.compile(
+                "".join(r"[\w.]+" if piece is None else re.escape(piece) for piece in pieces)
+            )
+            for name in self.modules:
+                if pattern.fullmatch(name):
+                    yield from self._prefix_modules(name)
+
+    def edges(self, path: str, kind: str = STATIC) -> tuple[str, ...]:
+        """Repository files that importing ``path`` executes directly, by edge kind (cached)."""
+        key = (path, kind)
+        if key not in self._edges:
+            targets: dict[str, None] = {}
+            if kind == STATIC:
+                package = self.path_modules.get(path, "").rpartition(".")[0]
+                if package:
+                    targets.update(dict.fromkeys(self._prefix_modules(package)))
+                for dotted in self._imported_names(path):
+                    targets.update(dict.fromkeys(self._prefix_modules(dotted)))
+            elif path in self.registries:
+                targets.update(dict.fromkeys(self._string_targets(path)))
+            targets.pop(path, None)
+            self._edges[key] = tuple(targets)
+        return self._edges[key]
+
+    def _successors(self, path: str, kinds: tuple[str, ...]) -> Iterator[str]:
+        for kind in kinds:
+            yield from self.edges(path, kind)
+
+    @functools.cached_property
+    def nodes(self) -> tuple[str, ...]:
+        """Indexed paths in bit order for :meth:`reach`."""
+        return tuple(sorted(self.path_modules))
+
+    def _bits(self, kinds: tuple[str, ...]) -> tuple[dict[str, int], list[int]]:
+        if kinds not in self._closures:
+            position = {path: index for index, path in enumerate(self.nodes)}
+            successors = [
+                [position[target] for target in self._successors(path, kinds) if target in position]
+                for path in self.nodes
+            ]
+            self._closures[kinds] = (position, closures(successors))
+        return self._closures[kinds]
+
+    def reach(self, roots: Iterable[str], kinds: tuple[str, ...] = (STATIC,)) -> int:
+        """Bitset (bit i = ``nodes[i]``) of every indexed file the roots make Python run."""
+        position, reachable = self._bits(kinds)
+        bits = 0
+        for root in roots:
+            if root in position:
+                bits |= reachable[position[root]]
+            else:
+                for target in self._successors(root, kinds):
+                    if target in position:
+                        bits |= reachable[position[target]]
+        return bits
+
+    def chain(self, roots: Iterable[str], target: str) -> tuple[tuple[str, ...], str]:
+        """The shortest import chain root -> ... -> ``target``, and its kind (``registry``
+        when no static chain exists). Stops as soon as ``target`` is reached."""
+        for kinds in ((STATIC,), (STATIC, REGISTRY)):
+            parents: dict[str, str | None] = dict.fromkeys(roots)
+            queue = deque(parents)
+            while queue and target not in parents:
+                path = queue.popleft()
+                for successor in self._successors(path, kinds):
+                    if successor not in parents:
+                        parents[successor] = path
+                        queue.append(successor)
+            if target in parents:
+                chain = [target]
+                while (parent := parents[chain[-1]]) is not None:
+                    chain.append(parent)
+                return tuple(reversed(chain)), REGISTRY if REGISTRY in kinds else STATIC
+        raise ValueError(f"{target} is not reachable from the roots")

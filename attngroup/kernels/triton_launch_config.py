@@ -1,0 +1,197 @@
+"""Launch parameters of Triton unified attention: the path, tiles, rows and segment counts.
+
+Pure heuristics over the batch's host-side sizes (no tensors, no device): ``select_path``
+picks 2D or split-KV (3D), ``choose_launch_config`` the tunable ``LaunchConfig`` and
+``split_kv_segments`` a segment count that fills whole waves. ``attngroup.kernels.triton_launch_plan``
+applies them to one call; pass ``config=`` there (or to ``unified_attention``) to tune
+without editing the kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import triton
+
+from attngroup.kernels.metadata import cdiv
+from attngroup.kernels.triton_occupancy import H200_WAVE_SLOTS
+
+MAX_3D_QUERY_LEN = 8
+"""The longest query (decode, or verify of up to 7 drafts) the split-KV path serves."""
+DEFAULT_NUM_SEGMENTS = 32
+"""KV segments per (q-block, KV head) a builder should allocate scratch for (vLLM's is 16; a
+few requests over long contexts need more to fill one wave on the H200: 16 x 32k at head 256
+took 24)."""
+MIN_LAUNCH_GRID_SIZE_2D = 128
+"""Default 3D threshold numerator: ``seq_threshold_3d = 128 // num_kv_heads`` as in vLLM."""
+MIN_SEGMENTS_3D = 4
+"""Split-KV launches take the fewest whole waves that give every (q-block, KV head) at least
+this many segments. Measured on the H200 (attngroup.benchmarks.tune_attention, Gemma 4 head 256 and 512,
+decode and verify at 64 x 8k and 16 x 32k, 4 to 32 segments): every fastest count was the one
+that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20 % slower than
+one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
+for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us)."""
+Path = Literal["2d", "3d"]
+
+# The interpreter runs tl.dot through numpy, which mishandles bfloat16: operands are upcast to
+# float32 there (after rounding P to the cache dtype, so the rounding matches the GPU path).
+# triton.jit picks the interpreter when a kernel is defined, so the flag is read then too.
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """The tunable launch parameters of one attention call.
+
+    ``block_m``: rows (query tokens x grouped heads) per program, a power of two >= 16 and >=
+    the group size. ``tile_size``: keys per inner-loop step, a power of two >= 16.
+    ``num_segments``: KV segments of a split-KV launch (ignored by 2D), at most the scratch's.
+    ``merge_heads_per_program``: query heads per program of the split-KV merge.
+    """
+
+    block_m: int
+    tile_size: int
+    num_warps: int
+    num_stages: int
+    num_segments: int = 1
+    merge_heads_per_program: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "tile_size"):
+            value = getattr(self, name)
+            if value < 16 or value != next_power_of_2(value):
+                raise ValueError(f"{name} must be a power of two >= 16; got {value}")
+        if min(self.num_warps, self.num_stages, self.num_segments) < 1:
+            raise ValueError(f"num_warps, num_stages and num_segments must be >= 1: {self}")
+        heads = self.merge_heads_per_program
+        if heads < 1 or heads != next_power_of_2(heads):
+            raise ValueError(f"merge_heads_per_program must be a power of two; got {heads}")
+
+    def block_q(self, group_size: int) -> int:
+        """Query tokens per program."""
+        return self.block_m // group_size
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two >= ``n`` (``n >= 1``), in plain Python: Triton's own is a
+    JIT-callable wrapper costing microseconds per call on the host side of every launch."""
+    return 1 << (n - 1).bit_length()
+
+
+def dot_head_size(head_size: int) -> int:
+    """The head dimension the kernel computes with: a power of two, and >= 16 for tl.dot."""
+    return max(16, next_power_of_2(head_size))
+
+
+def rows_per_program(group_size: int, max_query_len: int, head_size: int) -> int:
+    """``block_m``: enough rows for every token of a short query (so verify reads KV once),
+    capped by the accumulator's register footprint for wide heads, never below 16 or G."""
+    head_size_padded = dot_head_size(head_size)
+    cap = min(128, max(16, 16384 // head_size_padded))
+    wanted = min(cap, next_power_of_2(group_size * max(max_query_len, 1)))
+    return max(16, next_power_of_2(group_size), wanted)
+
+
+def choose_launch_config(
+    *,
+    num_heads_q: int,
+    num_kv_heads: int,
+    head_size: int,
+    num_seqs: int,
+    max_query_len: int,
+    max_seq_len: int,
+    path: Path,
+    max_segments: int = DEFAULT_NUM_SEGMENTS,
+    wave_slots: int = H200_WAVE_SLOTS,
+) -> LaunchConfig:
+    """The heuristic launch parameters.
+
+    Decode and short verify are bandwidth-bound: 32 KiB of K and V per tile at head <= 256,
+    two pipeline stages (measured on the H200). Prefill is compute-bound: wider q-blocks. Split-KV
+    fills whole waves of ``wave_slots`` resident programs (``split_kv_segments``);
+    ``plan_launch`` asks its probe for them.
+    """
+    group_size = num_heads_q // num_kv_heads
+    head_size_padded = dot_head_size(head_size)
+    block_m = rows_per_program(group_size, max_query_len, head_size)
+    bandwidth_bound = max_query_len <= MAX_3D_QUERY_LEN
+    if bandwidth_bound:
+        # Tuned on the H200 (attngroup.benchmarks.tune_attention): 64-key tiles up to head 256, 32 at
+        # head 512, four warps and two stages were fastest for decode, verify and draft alike.
+        tile_size = 64 if head_size_padded <= 256 else 32
+        num_warps = 4
+    else:
+        tile_size = min(64, max(16, 8192 // head_size_padded))
+        num_warps = 8 if block_m * head_size_padded >= 16384 else 4
+    num_stages = 2
+    num_segments = 1
+    if path == "3d":
+        block_q = block_m // group_size
+        num_segments = split_kv_segments(
+            kv_programs=num_seqs * cdiv(max_query_len, block_q) * num_kv_heads,
+            num_tiles=cdiv(max(max_seq_len, 1), tile_size),
+            wave_slots=wave_slots,
+            max_segments=max_segments,
+        )
+    # The interpreter pays per program, a GPU wants many small ones.
+    merge_heads = next_power_of_2(num_heads_q) if INTERPRETED else 1
+    return LaunchConfig(
+        block_m, tile_size, num_warps, num_stages, max(num_segments, 1), merge_heads
+    )
+
+
+def split_kv_segments(
+    *, kv_programs: int, num_tiles: int, wave_slots: int, max_segments: int
+) -> int:
+    """Segments per (q-block, KV head): the fewest whole waves of ``wave_slots`` programs that
+    give each of the ``kv_programs`` at least ``MIN_SEGMENTS_3D`` segments, as many segments as
+    those waves hold, capped by the scratch and by one tile per segment.
+
+    A launch that spills a few programs into a last partial wave waits for them with most SMs
+    idle; every program reads about the same bytes, so whole waves finish together.
+    """
+    kv_programs = max(kv_programs, 1)
+    waves = cdiv(MIN_SEGMENTS_3D * kv_programs, wave_slots)
+    return max(1, min(waves * wave_slots // kv_programs, max_segments, num_tiles))
+
+
+def select_path(
+    *,
+    num_seqs: int,
+    max_query_len: int,
+    num_heads_q: int,
+    num_kv_heads: int,
+    head_size: int,
+    has_scratch: bool,
+    path: Literal["auto", "2d", "3d"] = "auto",
+    seq_threshold_3d: int | None = None,
+) -> Path:
+    """2D or split-KV 3D for this batch.
+
+    "auto" picks 3D when scratch is given, ``max_query_len <= MAX_3D_QUERY_LEN`` (decode and
+    short verify; vLLM takes 3D for decode only) and the 2D grid would be small:
+    ``num_seqs * cdiv(max_query_len, block_q) <= seq_threshold_3d`` (default
+    ``128 // num_kv_heads``). "3d" forces split-KV and raises where it cannot run.
+    """
+    if path == "2d":
+        return "2d"
+    if path not in ("auto", "3d"):
+        raise ValueError(f"path must be 'auto', '2d' or '3d'; got {path!r}")
+    allowed = has_scratch and max_query_len <= MAX_3D_QUERY_LEN
+    if path == "3d":
+        if not allowed:
+            raise ValueError(
+                "path='3d' needs split-KV scratch and max_query_len <= "
+                f"{MAX_3D_QUERY_LEN}; got scratch={'yes' if has_scratch else 'none'}, "
+                f"max_query_len={max_query_len}"
+            )
+        return "3d"
+    if not allowed:
+        return "2d"
+    if seq_threshold_3d is None:
+        seq_threshold_3d = max(1, MIN_LAUNCH_GRID_SIZE_2D // num_kv_heads)
+    group_size = num_heads_q // num_kv_heads
+    block_q = rows_per_program(group_size, max_query_len, head_size) // group_size
+    q_blocks = num_seqs * cdiv(max_query_len, block_q)
+    return "3d" if q_blocks <= seq_threshold_3d else "2d"

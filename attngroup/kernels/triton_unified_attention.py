@@ -1,0 +1,442 @@
+"""Triton unified paged attention: one kernel family for prefill, decode and spec-decode verify.
+
+Cache layout and batch description: see ``attngroup.kernels.kv_cache_write`` and ``attngroup.kernels.attention_oracle``.
+
+How the work is cut:
+
+* GQA packing. A program owns one KV head and a *q-block*: ``block_q`` consecutive query tokens
+  of one request times the ``G = num_heads_q // num_kv_heads`` query heads that read that KV
+  head. Row ``m`` of the program is token ``m // G``, head ``kv_head * G + m % G``; the
+  ``block_m >= 16`` rows feed one ``tl.dot`` per KV tile, so each K/V tile is read once per
+  (q-block, KV head): verify with q_len <= 8 reads the KV once, like decode.
+* 2D path, grid ``(q-blocks, num_kv_heads)``: each program scans its whole key range with an
+  online softmax and writes the normalised output.
+* 3D (split-KV) path, grid ``(q-blocks, num_kv_heads, segments)``: each program scans one
+  segment of the key range and writes an unnormalised partial output, its running max (in
+  base-2 log units) and its exp-sum to the caller's ``SplitKVScratch``; a fused merge kernel,
+  grid ``(tokens, num_heads_q)``, combines the segments. It serves decode and short verify
+  (``max_query_len <= 8``), where the 2D grid has too few programs to fill the GPU.
+* The 2D q-block grid axis is the host-side upper bound ``num_tokens // block_q + num_seqs``
+  (vLLM's trick), so a launch needs no device sync; programs find their request by binary
+  search over ``query_start_loc`` and surplus programs exit. The split-KV path serves short
+  queries only, so its axis is exact: ``cdiv(max_query_len, block_q)`` q-blocks per request,
+  found by division (no search, and no idle programs taking a slot in the waves: decode at
+  G = 8 used to launch a third of its programs only for them to exit).
+* Only the key positions some row of the q-block can see are loaded (causal end, sliding-window
+  start), through the block table, so cache slots outside them may hold anything.
+
+Every decision of a call (path, grids, tile sizes, rows per program, warps, stages, segment
+counts, compile-time constants) is made by ``attngroup.kernels.triton_launch_plan.plan_launch`` without a
+device; this module holds the kernels and ``launch``, which turns a plan into kernel calls.
+Pass ``config=`` (a ``attngroup.kernels.triton_launch_config.LaunchConfig``) to tune without editing the
+kernels.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Literal
+
+import torch
+import triton
+import triton.language as tl
+
+from attngroup.kernels.split_kv_scratch import SplitKVScratch
+from attngroup.kernels.triton_launch_config import LaunchConfig
+from attngroup.kernels.triton_launch_plan import AttentionTensors, LaunchPlan, plan_launch
+from attngroup.kernels.triton_occupancy import measure_wave_slots
+
+
+def unified_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    output: torch.Tensor,
+    *,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    sm_scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    scratch: SplitKVScratch | None = None,
+    path: Literal["auto", "2d", "3d"] = "auto",
+    seq_threshold_3d: int | None = None,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """Paged attention of ``query`` [num_tokens, num_heads_q, head_size] into ``output``.
+
+    ``max_query_len`` and ``max_seq_len`` are host-side bounds of the batch (as in vLLM's
+    metadata), so nothing here syncs the device; they must bound every request (the split-KV
+    grid and segments are sized by them). Output rows of tokens past
+    ``query_start_loc[-1]`` (CUDA-graph padding) are left untouched. Returns ``output``.
+    """
+    tensors = AttentionTensors(
+        query, key_cache, value_cache, output, query_start_loc, seq_lens, block_table, scratch
+    )
+    plan = plan_launch(
+        tensors,
+        max_query_len=max_query_len,
+        max_seq_len=max_seq_len,
+        sm_scale=sm_scale,
+        wave_slots=partial(wave_slots_of, tensors),
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        path=path,
+        seq_threshold_3d=seq_threshold_3d,
+        config=config,
+    )
+    if plan is not None:
+        launch(plan, tensors)
+    return output
+
+
+def launch(plan: LaunchPlan, tensors: AttentionTensors) -> None:
+    """Run ``plan`` on ``tensors``: the attention kernel, then on the split-KV path the merge."""
+    attention = plan.attention
+    _unified_attention_kernel[attention.grid](
+        *_attention_arguments(plan, tensors), **attention.constexprs, **attention.options
+    )
+    if plan.merge is not None:
+        output = tensors.output
+        _merge_segments_kernel[plan.merge.grid](
+            output,
+            *_segment_buffers(plan, tensors),
+            tensors.query_start_loc,
+            plan.num_seqs,
+            plan.num_segments,
+            output.stride(0),
+            output.stride(1),
+            **plan.merge.constexprs,
+            **plan.merge.options,
+        )
+
+
+def wave_slots_of(tensors: AttentionTensors, plan: LaunchPlan) -> int:
+    """The occupancy probe of ``plan_launch``: programs of the planned attention kernel the
+    tensors' device runs at once (compiles the kernel variant once on a GPU)."""
+    return measure_wave_slots(
+        _unified_attention_kernel,
+        _attention_arguments(plan, tensors),
+        plan.attention.constexprs,
+        plan.attention.options,
+        tensors.query.device,
+    )
+
+
+def _segment_buffers(plan: LaunchPlan, tensors: AttentionTensors) -> tuple[torch.Tensor, ...]:
+    """The split-KV scratch buffers; the 2D kernel never touches them, so it gets the output."""
+    scratch = tensors.scratch
+    if plan.path == "2d":
+        return (tensors.output,) * 3
+    assert scratch is not None  # plan_launch plans split-KV only with scratch
+    return (scratch.segm_output, scratch.segm_max, scratch.segm_expsum)
+
+
+def _attention_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> list:
+    """The attention kernel's runtime arguments, in its signature's order."""
+    query, output = tensors.query, tensors.output
+    return [
+        output,
+        query,
+        tensors.key_cache,
+        tensors.value_cache,
+        tensors.block_table,
+        tensors.seq_lens,
+        tensors.query_start_loc,
+        *_segment_buffers(plan, tensors),
+        plan.qk_scale,
+        plan.soft_cap,
+        plan.sliding_window,
+        plan.num_seqs,
+        plan.num_segments,
+        plan.q_blocks_per_seq,
+        query.stride(0),
+        query.stride(1),
+        output.stride(0),
+        output.stride(1),
+        *tensors.key_cache.stride()[:3],  # block, offset in block, head
+        *tensors.value_cache.stride()[:3],
+        tensors.block_table.stride(0),
+    ]
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """The request that owns global q-block ``q_block``: the last ``r`` whose first q-block,
+    ``query_start_loc[r] // BLOCK_Q + r``, is at most ``q_block``."""
+    low: tl.int32 = 0
+    high = num_seqs
+    while low < high:
+        mid = (low + high) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block:
+            low = mid + 1
+        else:
+            high = mid
+    return low - 1
+
+
+@triton.jit
+def _soft_cap(scores, cap):
+    """``cap * tanh(scores / cap)``, written with exp2 (no tanh in the interpreter)."""
+    doubled = tl.exp2(scores * (2.0 * 1.4426950408889634 / cap))
+    return cap * (1.0 - 2.0 / (doubled + 1.0))
+
+
+@triton.jit
+def _visible(
+    row_valid, key_valid, key_pos, query_pos, sliding_window, USE_SLIDING_WINDOW: tl.constexpr
+):
+    """[rows, keys]: which keys a query row attends to (causal, within its window)."""
+    visible = row_valid[:, None] & key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
+    if USE_SLIDING_WINDOW:
+        visible = visible & (query_pos[:, None] - key_pos[None, :] < sliding_window)
+    return visible
+
+
+@triton.jit
+def _online_softmax_step(scores, running_max, running_sum):
+    """One tile of the online softmax in base 2: the tile's unnormalised probabilities,
+    the factor that rescales what the earlier tiles summed, and the new running max and sum."""
+    new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+    # A row with nothing visible yet keeps max -inf; subtract 0 so exp2 gives 0, not NaN.
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    probs = tl.exp2(scores - safe_max[:, None])
+    rescale = tl.exp2(running_max - safe_max)
+    return probs, rescale, new_max, running_sum * rescale + tl.sum(probs, axis=1)
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_segments", "q_blocks_per_seq"])
+def _unified_attention_kernel(
+    output_ptr,
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    segm_output_ptr,
+    segm_max_ptr,
+    segm_expsum_ptr,
+    qk_scale,
+    soft_cap,
+    sliding_window,
+    num_seqs,
+    num_segments,
+    q_blocks_per_seq,
+    stride_query_token,
+    stride_query_head,
+    stride_output_token,
+    stride_output_head,
+    stride_key_block,
+    stride_key_offset,
+    stride_key_head,
+    stride_value_block,
+    stride_value_offset,
+    stride_value_head,
+    stride_block_table,
+    NUM_HEADS_Q: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_SIZE_PADDED: tl.constexpr,
+    SCRATCH_ROW: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    SCRATCH_SEGMENTS: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_SLIDING_WINDOW: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One (q-block, KV head[, segment]) program; see the module docstring."""
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    segment = tl.program_id(2)
+
+    if SPLIT_KV:  # exact grid: q_blocks_per_seq programs per request
+        request = q_block // q_blocks_per_seq
+    else:
+        request = _find_request(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + request)
+    q_len = tl.load(query_start_loc_ptr + request + 1) - q_start
+    if SPLIT_KV:
+        first_local = (q_block % q_blocks_per_seq) * BLOCK_Q
+    else:
+        first_local = (q_block - (q_start // BLOCK_Q + request)) * BLOCK_Q
+    if first_local >= q_len:
+        return
+    context_len = tl.load(seq_lens_ptr + request) - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    token_local = first_local + rows // GROUP_SIZE
+    head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
+    row_valid = (rows < BLOCK_Q * GROUP_SIZE) & (token_local < q_len)
+    token = (q_start + token_local).to(tl.int64)
+    query_pos = context_len + token_local
+    dims = tl.arange(0, HEAD_SIZE_PADDED)
+    dim_mask = dims < HEAD_SIZE
+
+    q = tl.load(
+        query_ptr
+        + token[:, None] * stride_query_token
+        + head[:, None] * stride_query_head
+        + dims[None, :],
+        mask=row_valid[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+
+    # Keys some row of this q-block sees: [kv_start, kv_end).
+    kv_end = context_len + tl.minimum(first_local + BLOCK_Q, q_len)
+    kv_start = 0
+    if USE_SLIDING_WINDOW:
+        kv_start = tl.maximum(context_len + first_local - sliding_window + 1, 0)
+    tile_start = kv_start // TILE_SIZE
+    tile_end = (kv_end + TILE_SIZE - 1) // TILE_SIZE
+    if SPLIT_KV:
+        tiles_per_segment = (tile_end - tile_start + num_segments - 1) // num_segments
+        tile_start = tile_start + segment * tiles_per_segment
+        tile_end = tl.minimum(tile_start + tiles_per_segment, tile_end)
+
+    running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE_PADDED], dtype=tl.float32)
+    tile_offsets = tl.arange(0, TILE_SIZE)
+    block_table_row = block_table_ptr + request.to(tl.int64) * stride_block_table
+    for tile in range(tile_start, tile_end):
+        key_pos = tile * TILE_SIZE + tile_offsets
+        key_valid = (key_pos >= kv_start) & (key_pos < kv_end)
+        physical_block = tl.load(
+            block_table_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0
+        ).to(tl.int64)
+        in_block = key_pos % BLOCK_SIZE
+        k = tl.load(  # [HEAD_SIZE_PADDED, TILE_SIZE]: K transposed
+            key_cache_ptr
+            + physical_block[None, :] * stride_key_block
+            + in_block[None, :] * stride_key_offset
+            + kv_head * stride_key_head
+            + dims[:, None],
+            mask=dim_mask[:, None] & key_valid[None, :],
+            other=0.0,
+        )
+        v = tl.load(  # [TILE_SIZE, HEAD_SIZE_PADDED]
+            value_cache_ptr
+            + physical_block[:, None] * stride_value_block
+            + in_block[:, None] * stride_value_offset
+            + kv_head * stride_value_head
+            + dims[None, :],
+            mask=key_valid[:, None] & dim_mask[None, :],
+            other=0.0,
+        )
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+
+        # Scores in base-2 log units: qk_scale carries log2(e) unless the soft cap needs
+        # natural units first.
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        if USE_SOFTCAP:
+            scores = _soft_cap(scores, soft_cap) * 1.4426950408889634
+        visible = _visible(
+            row_valid, key_valid, key_pos, query_pos, sliding_window, USE_SLIDING_WINDOW
+        )
+        scores = tl.where(visible, scores, float("-inf"))
+        probs, rescale, running_max, running_sum = _online_softmax_step(
+            scores, running_max, running_sum
+        )
+        probs = probs.to(v.dtype)
+        if DOT_IN_FP32:
+            probs = probs.to(tl.float32)
+            v = v.to(tl.float32)
+        acc = tl.dot(probs, v, acc * rescale[:, None], input_precision=DOT_PRECISION)
+
+    if SPLIT_KV:
+        segm_row = (token * NUM_HEADS_Q + head) * SCRATCH_SEGMENTS + segment
+        tl.store(
+            segm_output_ptr + segm_row[:, None] * SCRATCH_ROW + dims[None, :],
+            acc,
+            mask=row_valid[:, None] & dim_mask[None, :],
+        )
+        tl.store(segm_max_ptr + segm_row, running_max, mask=row_valid)
+        tl.store(segm_expsum_ptr + segm_row, running_sum, mask=row_valid)
+    else:
+        out = acc / tl.where(running_sum > 0.0, running_sum, 1.0)[:, None]
+        tl.store(
+            output_ptr
+            + token[:, None] * stride_output_token
+            + head[:, None] * stride_output_head
+            + dims[None, :],
+            out.to(output_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & dim_mask[None, :],
+        )
+
+
+@triton.jit(do_not_specialize=["num_seqs", "num_segments"])
+def _merge_segments_kernel(
+    output_ptr,
+    segm_output_ptr,
+    segm_max_ptr,
+    segm_expsum_ptr,
+    query_start_loc_ptr,
+    num_seqs,
+    num_segments,
+    stride_output_token,
+    stride_output_head,
+    NUM_HEADS_Q: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,
+    SCRATCH_SEGMENTS: tl.constexpr,
+    SEGMENTS_PADDED: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_SIZE_PADDED: tl.constexpr,
+):
+    """Log-sum-exp merge of the segments of one token's query heads into the output.
+
+    The segments' partial outputs are summed one segment at a time: a [heads, segments,
+    head_size] tile would hold SCRATCH_SEGMENTS x head_size floats per head in registers
+    (64 KiB at 32 segments and head 512), most of them masked off."""
+    token = tl.program_id(0)
+    if token >= tl.load(query_start_loc_ptr + num_seqs):
+        return
+    heads = tl.program_id(1) * HEADS_PER_PROGRAM + tl.arange(0, HEADS_PER_PROGRAM)
+    head_mask = heads < NUM_HEADS_Q
+    segs = tl.arange(0, SEGMENTS_PADDED)
+    mask = head_mask[:, None] & (segs < num_segments)[None, :]
+    dims = tl.arange(0, HEAD_SIZE_PADDED)
+    dim_mask = dims < HEAD_SIZE
+    first_row = (token.to(tl.int64) * NUM_HEADS_Q + heads) * SCRATCH_SEGMENTS  # segment 0's
+
+    seg_max = tl.load(
+        segm_max_ptr + first_row[:, None] + segs[None, :], mask=mask, other=float("-inf")
+    )
+    overall_max = tl.max(seg_max, axis=1)
+    overall_max = tl.where(overall_max == float("-inf"), 0.0, overall_max)  # masked heads
+    weight = tl.exp2(seg_max - overall_max[:, None])  # empty segments weigh 0
+    expsum = tl.load(segm_expsum_ptr + first_row[:, None] + segs[None, :], mask=mask, other=0.0)
+    total = tl.sum(expsum * weight, axis=1)
+    out = tl.zeros([HEADS_PER_PROGRAM, HEAD_SIZE_PADDED], dtype=tl.float32)
+    for segment in range(num_segments):
+        row = first_row + segment
+        segment_weight = tl.exp2(
+            tl.load(segm_max_ptr + row, mask=head_mask, other=float("-inf")) - overall_max
+        )
+        partial = tl.load(
+            segm_output_ptr + row[:, None] * HEAD_SIZE_PADDED + dims[None, :],
+            mask=head_mask[:, None] & dim_mask[None, :],
+            other=0.0,
+        )
+        out += partial * segment_weight[:, None]
+    out = out / tl.where(head_mask, total, 1.0)[:, None]
+    tl.store(
+        output_ptr
+        + token.to(tl.int64) * stride_output_token
+        + heads[:, None] * stride_output_head
+        + dims[None, :],
+        out.to(output_ptr.dtype.element_ty),
+        mask=head_mask[:, None] & dim_mask[None, :],
+    )

@@ -1,0 +1,169 @@
+"""Llama / Mistral / Qwen2 / Qwen3 dense decoders (targets, draft models, EAGLE and MTP layers).
+
+Parameter names follow transformers' ``LlamaForCausalLM`` / ``Qwen3ForCausalLM``
+so a state dict loads without renaming. Qwen3 differs from Llama only by the
+per-head RMS norm of q and k before the rotation (``qk_norm``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from attngroup.reference_engine.model_pairs import SUPPORTED_ROPE_TYPES
+from attngroup.reference_engine.models.common import (
+    AttentionProjections,
+    ForwardContext,
+    GatedMLP,
+    HiddenConditionedDraft,
+    PagedAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    default_inv_freq,
+    llama3_inv_freq,
+)
+from attngroup.reference_engine.models.parallel import SINGLE, TensorParallel
+
+
+def head_dim_of(config: PretrainedConfig) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def rope_theta_of(config: PretrainedConfig) -> float:
+    return config.rope_parameters["rope_theta"]
+
+
+def rope_type_of(config: PretrainedConfig) -> str:
+    return config.rope_parameters.get("rope_type", "default")
+
+
+def _check_rope(config: PretrainedConfig) -> None:
+    rope_type = rope_type_of(config)
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"{type(config).__name__}: rope_parameters.rope_type {rope_type!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+
+
+def dense_inv_freq(config: PretrainedConfig, head_dim: int) -> torch.Tensor:
+    if rope_type_of(config) == "llama3":
+        return llama3_inv_freq(rope_theta_of(config), head_dim, config.rope_parameters)
+    return default_inv_freq(rope_theta_of(config), head_dim)
+
+
+class DenseAttention(AttentionProjections):
+    def __init__(
+        self, config: PretrainedConfig, layer_name: str, tp: TensorParallel, *, qk_norm: bool
+    ) -> None:
+        super().__init__(config, config.num_key_value_heads, head_dim_of(config), tp)
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(dense_inv_freq(config, self.head_dim))
+        self.attn = PagedAttention(layer_name)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(q, ctx.positions), self.rotary(k, ctx.positions)
+        return self.tp.all_reduce(self.o_proj(self.attn(q, k, v, ctx).reshape(tokens, -1)))
+
+
+class DenseDecoderLayer(nn.Module):
+    def __init__(
+        self, config: PretrainedConfig, layer_name: str, tp: TensorParallel, *, qk_norm: bool
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DenseAttention(config, layer_name, tp, qk_norm=qk_norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act, tp)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DenseStack(nn.Module):
+    """Embedding, decoder layers and final norm (transformers' ``*Model``)."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_prefix: str,
+        tp: TensorParallel = SINGLE,
+        *,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        _check_rope(config)
+        if getattr(config, "mlp_bias", False):
+            raise ValueError(f"{type(config).__name__}: mlp_bias=True is not supported")
+        self.hidden_size = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DenseDecoderLayer(
+                config, f"{layer_prefix}.layers.{i}.self_attn.attn", tp, qk_norm=qk_norm
+            )
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(token_ids)
+
+    def run_layers(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return x
+
+
+class DenseForCausalLM(nn.Module):
+    """A Llama / Qwen3 target or draft model. ``forward`` returns the final-normed
+    hidden states (the input of ``lm_head``)."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_prefix: str,
+        tp: TensorParallel = SINGLE,
+        *,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        self.model = DenseStack(config, layer_prefix, tp, qk_norm=qk_norm)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, token_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return self.model.norm(self.model.run_layers(self.model.embed(token_ids), ctx))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+
+def is_qwen3(config: PretrainedConfig) -> bool:
+    return config.model_type == "qwen3"
+
+
+def build_dense_model(
+    config: PretrainedConfig, layer_prefix: str, tp: TensorParallel = SINGLE
+) -> DenseForCausalLM:
+    return DenseForCausalLM(config, layer_prefix, tp, qk_norm=is_qwen3(config))
+
+
+def build_dense_draft_head(
+    config: PretrainedConfig, layer_prefix: str, tp: TensorParallel = SINGLE, *, input_norms: bool
+) -> HiddenConditionedDraft:
+    """EAGLE (``input_norms=False``) or DeepSeek-style MTP layer(s) of a dense family."""
+    stack = DenseStack(config, layer_prefix, tp, qk_norm=is_qwen3(config))
+    return HiddenConditionedDraft(
+        stack, lambda dim: RMSNorm(dim, config.rms_norm_eps), input_norms=input_norms
+    )

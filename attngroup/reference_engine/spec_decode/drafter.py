@@ -1,0 +1,122 @@
+"""The drafter interface: what the model runner calls to draft k tokens and to
+roll a drafter's state back, and what every drafter shares.
+
+One drafting method per module beside this one (``ModelRunner`` picks by
+``DraftKind``):
+
+- ``draft_model``: a separate LM with its own KV cache, fed tokens only;
+- ``hidden_conditioned``: EAGLE / MTP layers with their own KV cache, fed the
+  target's hidden states;
+- ``constant_position``: the Gemma 4 MTP assistant, Q-only over the target's KV.
+
+Drafts are greedy (``draft_probs`` one-hot) at temperature 0, else sampled
+from softmax(logits / T) with the call's generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from attngroup.reference_engine.models.common import ForwardContext
+from attngroup.reference_engine.spec_decode.hidden_states import HiddenStateBuffer
+from attngroup.reference_engine.step import ProposeRequest
+from attngroup.reference_engine.step_rows import StepRows
+
+#: Per draft step: the tokens (int64 [num_requests]) and the distributions they
+#: were drawn from (float32 [num_requests, vocab]).
+DraftSteps = tuple[list[torch.Tensor], list[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class DraftInputs:
+    """What a drafter reads from the model runner."""
+
+    model: nn.Module  # the pair's draft, bound to the paged KV cache
+    device: torch.device
+    # A pass's ForwardContext over the draft's KV-cache groups (its metadata is
+    # valid until the next pass builds).
+    forward_context: Callable[[StepRows], ForwardContext]
+    target_hidden: HiddenStateBuffer  # the target's last hidden states, per request
+
+
+class Drafter(Protocol):
+    def roll_back(self, request_id: str, num_valid_tokens: int) -> None:
+        """Before drafting: the target has validly cached the request's first
+        ``num_valid_tokens`` tokens; forget draft state that lies past them."""
+
+    def propose(
+        self,
+        requests: Sequence[ProposeRequest],
+        num_spec_tokens: int,
+        generator: torch.Generator | None,
+    ) -> DraftSteps:
+        """Bring the draft up to date with each request's tokens, then draft
+        ``num_spec_tokens`` tokens per request."""
+
+    def remove(self, request_id: str) -> None:
+        """Forget a finished or preempted request."""
+
+
+class OwnKVDrafter:
+    """Base of the drafters with a KV cache of their own: per request, how many
+    leading entries of that cache hold accepted tokens. A call runs the entries
+    from there on (the whole prompt on the first call); entries its decode
+    steps wrote are run again next call, whatever the target accepted."""
+
+    #: How far the entries lag the tokens: entry p holds token p (0, a draft
+    #: model), or pairs the target's hidden state at p with token p + 1 (1, EAGLE / MTP).
+    entry_lag = 0
+
+    def __init__(self, inputs: DraftInputs) -> None:
+        self.inputs = inputs
+        self._valid_entries: dict[str, int] = {}
+
+    def roll_back(self, request_id: str, num_valid_tokens: int) -> None:
+        valid = self._valid_entries.get(request_id, 0)
+        self._valid_entries[request_id] = min(valid, num_valid_tokens - self.entry_lag)
+
+    def remove(self, request_id: str) -> None:
+        self._valid_entries.pop(request_id, None)
+
+    def _catch_up_rows(self, requests: Sequence[ProposeRequest]) -> tuple[StepRows, list[int]]:
+        """The rows that run each request's entries from its first invalid one through its
+        last token (entry p holds token p + ``entry_lag``), and where each request starts.
+        The entries count as valid from here on."""
+        lag = self.entry_lag
+        starts = [self._valid_entries[r.request_id] for r in requests]
+        ends = [len(r.token_ids) - lag for r in requests]
+        rows = StepRows(
+            request_ids=tuple(r.request_id for r in requests),
+            token_ids=torch.tensor(
+                [t for r, s in zip(requests, starts, strict=True) for t in r.token_ids[s + lag :]]
+            ),
+            seq_lens=tuple(ends),
+            query_lens=tuple(end - start for start, end in zip(starts, ends, strict=True)),
+            block_ids=tuple(r.block_ids for r in requests),
+        )
+        for request, end in zip(requests, ends, strict=True):
+            self._valid_entries[request.request_id] = end
+        return rows, starts
+
+
+def sample_drafts(
+    logits: torch.Tensor, requests: Sequence[ProposeRequest], generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft token per request and the distribution q it was drawn from:
+    one-hot of the argmax for temperature 0, softmax(logits / T) otherwise."""
+    logits = logits.float().cpu()
+    tokens = torch.empty(len(requests), dtype=torch.long)
+    probs = torch.empty_like(logits)
+    for row, request in enumerate(requests):
+        if request.temperature <= 0:
+            tokens[row] = int(logits[row].argmax())
+            probs[row] = nn.functional.one_hot(tokens[row], logits.shape[-1]).float()
+        else:
+            probs[row] = torch.softmax(logits[row] / request.temperature, dim=-1)
+            tokens[row] = int(torch.multinomial(probs[row], 1, generator=generator))
+    return tokens, probs

@@ -1,0 +1,100 @@
+"""The engine-adapter seam: what the grouping suites ask an implementation.
+
+The suites judge an engine's grouping without importing its internals. An
+adapter answers three questions in the engine's own code and converts the
+answers into the neutral types below (the reference engine's public spec
+types serve as the common language for specs):
+
+1. KV-cache groups for a set of per-layer specs, with KV sharing;
+2. attention groups inside those KV-cache groups for a set of layers;
+3. the query-head count each group's metadata builders would use, or the
+   error the engine's strict check raises.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from attngroup.reference_engine.kv_cache_spec import KVCacheGroupSpec, KVCacheSpec
+from attngroup.reference_engine.layers import LayerDescription
+
+
+@dataclass(frozen=True)
+class AttentionGroupView:
+    """One attention group as the engine built it."""
+
+    backend: str  # fully qualified backend class name
+    layer_names: tuple[str, ...]
+    kv_cache_spec: KVCacheSpec
+    kv_cache_group_id: int
+    num_heads_q: int  # the key's head count (0 for non-attention layers)
+    builder_num_heads: int | None  # what its builders read; None when they raised
+    builder_error: str | None = None  # the builders' error (e.g. the strict check's)
+
+
+@dataclass(frozen=True)
+class GroupingOutcome:
+    """Everything an engine's start-up decided about grouping.
+
+    ``error`` is the first error start-up raised (type name and message, as a
+    traceback's last line reads), or None when start-up succeeded.
+    """
+
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...]
+    attention_groups: tuple[tuple[AttentionGroupView, ...], ...]
+    error: str | None
+
+
+class EngineAdapter(ABC):
+    """An implementation under test."""
+
+    #: the ``--engine`` name
+    name: str
+
+    @property
+    def version(self) -> str:
+        """The implementation's version, for run records and verdict tables."""
+        return "unversioned"
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        """The grouping policies this engine can run. ``"native"`` is the
+        engine's own behaviour; the reference engine also offers ``"legacy"``
+        (backend + spec only) so the suites can prove they catch it."""
+        return ("native",)
+
+    def expects_conformance(self, policy: str, pair_is_mixed: bool) -> bool:
+        """Whether the suites must demand conformance of this configuration.
+
+        Every engine's native behaviour must conform. Only deliberately
+        broken configurations (the reference engine's LEGACY policy on a
+        mixed-Q-head pair) are expected to fail, loudly."""
+        return True
+
+    @abstractmethod
+    def kv_cache_groups(
+        self, specs: Mapping[str, KVCacheSpec], kv_sharing: Mapping[str, str]
+    ) -> list[KVCacheGroupSpec]:
+        """The engine's KV-cache groups for ``specs``; KV-sharing layers
+        (keys of ``kv_sharing``, which have no spec) join their target's group."""
+
+    @abstractmethod
+    def setup(
+        self,
+        layers: Sequence[LayerDescription],
+        policy: str,
+        block_size: int = 16,
+        dtype: torch.dtype = torch.float32,
+    ) -> GroupingOutcome:
+        """Run the engine's grouping start-up for ``layers`` under ``policy``:
+        specs, KV-cache groups, attention groups, and the builders' head
+        counts. Start-up errors are captured in the outcome, never raised."""
+
+
+def format_error(error: BaseException) -> str:
+    """An exception as the last line of its traceback reads."""
+    return f"{type(error).__name__}: {error}"

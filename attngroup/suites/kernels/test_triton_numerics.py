@@ -1,0 +1,266 @@
+"""Triton unified attention (2D and split-KV 3D) against the float64 oracle.
+
+The small matrix (fp32 and fp16, small batches; on the CPU under the Triton interpreter, or
+on the suite's device when that is a GPU) is a covering design: the Gemma 4 MTP shapes (8,1),
+(4,1), (8,2), (4,2) x head sizes 256 and 512 fully, crossed with decode, verify and chunked
+prefill; the other head layouts with head sizes 64 and 128 over every batch kind; block size,
+sliding window, soft cap and dtype rotate so that each kind meets every value. The GPU matrix
+runs every head layout x head size x dtype (bf16 included) at larger batch sizes. Outputs
+start as NaN and must come back fully written; the caches hold NaN wherever no query may
+look.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from dataclasses import dataclass, replace
+from itertools import product
+
+import pytest
+import torch
+
+from attngroup.kernels.attention_oracle import paged_attention_reference
+from attngroup.kernels.split_kv_scratch import SplitKVScratch
+from attngroup.kernels.triton_launch_config import (
+    DEFAULT_NUM_SEGMENTS,
+    LaunchConfig,
+    choose_launch_config,
+)
+from attngroup.kernels.triton_unified_attention import unified_attention
+from attngroup.suites.kernels.batches import (
+    BATCHES_CPU,
+    BATCHES_GPU,
+    RELATIVE_ERROR_BOUND,
+    SPLIT_KV_KINDS,
+    PagedBatch,
+    gpu_only,
+    make_paged_batch,
+    relative_error,
+)
+
+pytestmark = pytest.mark.kernels
+
+GEMMA4_HEADS = ((8, 1), (4, 1), (8, 2), (4, 2))
+OTHER_HEADS = ((32, 8), (16, 4), (6, 2))
+BLOCK_SIZES = (16, 32, 64)
+WINDOWS = (None, 24, 5)
+SOFT_CAP = 10.0
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel launch compared with the oracle."""
+
+    on_gpu: bool
+    num_heads_q: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    kind: str
+    dtype: torch.dtype
+    path: str
+    sliding_window: int | None = None
+    soft_cap: float | None = None
+
+    def __str__(self) -> str:
+        parts = [f"hq{self.num_heads_q}-hkv{self.num_kv_heads}-d{self.head_size}"]
+        parts.append(f"bs{self.block_size}-{self.kind}")
+        if self.sliding_window is not None:
+            parts.append(f"swa{self.sliding_window}")
+        if self.soft_cap is not None:
+            parts.append(f"cap{self.soft_cap:g}")
+        parts.append(f"{DTYPE_NAMES[self.dtype]}-{self.path}")
+        return ("gpu-" if self.on_gpu else "") + "-".join(parts)
+
+    @property
+    def sm_scale(self) -> float:
+        """Gemma's 1.0 with a soft cap (so the cap bites), else 1/sqrt(head_size)."""
+        return 1.0 if self.soft_cap is not None else self.head_size**-0.5
+
+    def batch(self, suite_device: torch.device) -> PagedBatch:
+        """The case's batch: GPU-sized ones on CUDA, small ones on the suite's device."""
+        batches = BATCHES_GPU if self.on_gpu else BATCHES_CPU
+        return make_paged_batch(
+            batches[self.kind],
+            num_heads_q=self.num_heads_q,
+            num_kv_heads=self.num_kv_heads,
+            head_size=self.head_size,
+            block_size=self.block_size,
+            dtype=self.dtype,
+            device="cuda" if self.on_gpu else suite_device,
+            seed=zlib.crc32(str(self).encode()),
+            sliding_window=self.sliding_window,
+        )
+
+
+def _rotated_cases(
+    on_gpu: bool, combos: list[tuple[tuple[int, int], int, str, torch.dtype]]
+) -> list[Case]:
+    """Cases for (heads, head size, kind, dtype) combos; split-KV kinds run both paths.
+
+    Window, block size and soft cap rotate with the count ``turn`` of the combo's batch kind
+    so far: window ``turn % 3`` and block size ``(turn + turn // 3) % 3`` form a Latin square
+    over 9 turns, the cap flips every 3, so each kind meets every value and pair."""
+    cases = []
+    seen_kind: Counter[str] = Counter()
+    for (num_heads_q, num_kv_heads), head_size, kind, dtype in combos:
+        turn = seen_kind[kind]
+        seen_kind[kind] += 1
+        paths = ("2d", "3d") if kind in SPLIT_KV_KINDS else ("2d",)
+        cases.extend(
+            Case(
+                on_gpu=on_gpu,
+                num_heads_q=num_heads_q,
+                num_kv_heads=num_kv_heads,
+                head_size=head_size,
+                block_size=BLOCK_SIZES[(turn + turn // 3) % 3],
+                kind=kind,
+                dtype=dtype,
+                path=path,
+                sliding_window=WINDOWS[turn % len(WINDOWS)],
+                soft_cap=SOFT_CAP if (turn // 3) % 2 else None,
+            )
+            for path in paths
+        )
+    return cases
+
+
+def _cpu_cases() -> list[Case]:
+    dtypes = (torch.float32, torch.float16)
+    combos = [
+        (heads, head_size, kind, dtypes[index % 2])
+        for index, (heads, head_size, kind) in enumerate(
+            product(GEMMA4_HEADS, (256, 512), ("decode", "verify", "chunked"))
+        )
+    ]
+    combos += [
+        (heads, head_size, kind, dtypes[index % 2])
+        for index, (heads, head_size, kind) in enumerate(
+            product(OTHER_HEADS, (64, 128), ("decode", "prefill", "chunked", "verify", "verify9"))
+        )
+    ]
+    # Head sizes that are not powers of two (padded dims) or below tl.dot's minimum of 16.
+    combos += [((8, 1), 96, "prefill", torch.float32), ((4, 2), 8, "verify", torch.float16)]
+    return _rotated_cases(False, combos)
+
+
+def _gpu_cases() -> list[Case]:
+    kinds = tuple(BATCHES_GPU)
+    combos = [
+        (heads, head_size, kinds[index % len(kinds)], dtype)
+        for index, (heads, head_size) in enumerate(
+            product(GEMMA4_HEADS + OTHER_HEADS, (64, 128, 256, 512))
+        )
+        for dtype in (torch.bfloat16, torch.float16, torch.float32)
+    ]
+    return _rotated_cases(True, combos)
+
+
+def _param(case: Case):
+    marks = [pytest.mark.gpu, gpu_only] if case.on_gpu else []
+    return pytest.param(case, id=str(case), marks=marks)
+
+
+def _reference(batch: PagedBatch, case: Case) -> torch.Tensor:
+    expected = paged_attention_reference(
+        batch.query,
+        batch.key_cache,
+        batch.value_cache,
+        **batch.metadata(),
+        sm_scale=case.sm_scale,
+        sliding_window=case.sliding_window,
+        logits_soft_cap=case.soft_cap,
+    )
+    assert expected.isfinite().all(), "the oracle itself read a poisoned slot"
+    return expected
+
+
+def _run(
+    batch: PagedBatch, case: Case, path: str, config: LaunchConfig | None = None
+) -> torch.Tensor:
+    """The kernel's output for ``batch``, after checking every element was written."""
+    spec = batch.spec
+    output = torch.full_like(batch.query, float("nan"))
+    scratch = None
+    if path == "3d":
+        scratch = SplitKVScratch.allocate(
+            spec.num_tokens,
+            case.num_heads_q,
+            DEFAULT_NUM_SEGMENTS,
+            case.head_size,
+            batch.query.device,
+        )
+    unified_attention(
+        batch.query,
+        batch.key_cache,
+        batch.value_cache,
+        output,
+        **batch.metadata(),
+        max_query_len=spec.max_query_len,
+        max_seq_len=spec.max_seq_len,
+        sm_scale=case.sm_scale,
+        sliding_window=case.sliding_window,
+        logits_soft_cap=case.soft_cap,
+        scratch=scratch,
+        path=path,
+        config=config,
+    )
+    unwritten = int(output.isnan().sum())
+    assert unwritten == 0, f"{unwritten} output elements are NaN (unwritten or poisoned reads)"
+    return output
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in _cpu_cases() + _gpu_cases()])
+def test_unified_attention_matches_oracle(case: Case, device: torch.device) -> None:
+    batch = case.batch(device)
+    output = _run(batch, case, case.path)
+    error = relative_error(output, _reference(batch, case))
+    assert error < RELATIVE_ERROR_BOUND[case.dtype], f"relative error {error:.3g}"
+
+
+def _split_kv_param(
+    on_gpu: bool,
+    heads: tuple[int, int],
+    head_size: int,
+    kind: str,
+    dtype: torch.dtype,
+    window: int | None,
+    num_segments: int,
+):
+    case = Case(on_gpu, *heads, head_size, 16, kind, dtype, "3d", sliding_window=window)
+    marks = [pytest.mark.gpu, gpu_only] if on_gpu else []
+    return pytest.param(case, num_segments, id=f"{case}-seg{num_segments}", marks=marks)
+
+
+SPLIT_KV_CASES = [
+    _split_kv_param(False, (8, 1), 256, "decode", torch.float32, None, 16),
+    _split_kv_param(False, (4, 1), 512, "verify", torch.float32, None, 3),
+    _split_kv_param(False, (8, 2), 256, "verify", torch.float16, 24, 1),
+    _split_kv_param(False, (32, 8), 64, "decode", torch.float32, 5, 4),
+    _split_kv_param(False, (6, 2), 128, "verify", torch.float32, None, 7),
+    _split_kv_param(True, (8, 1), 512, "decode64", torch.bfloat16, None, 16),
+    _split_kv_param(True, (4, 2), 256, "verify", torch.bfloat16, 512, 5),
+    _split_kv_param(True, (32, 8), 128, "decode", torch.float32, None, 16),
+]
+
+
+@pytest.mark.parametrize(("case", "num_segments"), SPLIT_KV_CASES)
+def test_split_kv_matches_2d(case: Case, num_segments: int, device: torch.device) -> None:
+    """3D with a forced segment count (16-key tiles, so segments split real work, and with
+    16 segments some are empty) equals 2D with the same tiles."""
+    batch = case.batch(device)
+    heuristic = choose_launch_config(
+        num_heads_q=case.num_heads_q,
+        num_kv_heads=case.num_kv_heads,
+        head_size=case.head_size,
+        num_seqs=batch.spec.num_reqs,
+        max_query_len=batch.spec.max_query_len,
+        max_seq_len=batch.spec.max_seq_len,
+        path="3d",
+    )
+    output_2d = _run(batch, case, "2d", replace(heuristic, tile_size=16))
+    output_3d = _run(batch, case, "3d", replace(heuristic, tile_size=16, num_segments=num_segments))
+    error = relative_error(output_3d, output_2d)
+    assert error < RELATIVE_ERROR_BOUND[case.dtype], f"3D vs 2D relative error {error:.3g}"

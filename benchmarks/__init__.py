@@ -1,1 +1,0 @@
-"""GPU benchmarks of the attention backends (``python -m benchmarks.bench_attention``)."""

@@ -1,2 +1,0 @@
-"""The bug zoo: real bugs of the attention-grouping class, each a small patch, and the
-runner that proves the suite catches every one (``python -m bugzoo``, ``nox -s bugzoo``)."""

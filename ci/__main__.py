@@ -1,5 +1,0 @@
-import sys
-
-from ci.cli import main
-
-sys.exit(main())
