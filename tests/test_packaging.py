@@ -7,6 +7,7 @@ nox), made every transformers config import fail there. These guards fail on suc
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 import tomllib
@@ -85,5 +86,34 @@ def test_transformers_and_a_gemma4_config_import_from_the_repository_root():
     )
     assert result.returncode == 0, f"HF kernels {hf_kernels}:\n{result.stderr[-3000:]}"
     kernels_file, config_class = result.stdout.split()
-    assert REPO not in Path(kernels_file).resolve().parents, kernels_file
+    assert Path(kernels_file).resolve().parent.parent != REPO, f"ours: {kernels_file}"
     assert config_class.startswith("Gemma4")
+
+
+# A vLLM checkout's root holds packages with generic names (benchmarks/, tests/, docs/);
+# users run our commands there, where sys.path[0] finds those first.
+FOREIGN_ROOT_PACKAGES = ("benchmarks", "tests", "kernels", "ci", "reports", "suites", "bugzoo")
+ENTRY_POINTS = (
+    ("attngroup.ci", "--help"),
+    ("attngroup.reports", "--help"),
+    ("attngroup.bugzoo", "--help"),
+    ("attngroup.benchmarks.bench_attention", "--help"),
+    ("attngroup.reference_engine", "pairs"),
+)
+
+
+@pytest.mark.parametrize("argv", ENTRY_POINTS, ids=lambda argv: argv[0])
+def test_commands_run_from_a_root_whose_generic_names_are_another_projects(tmp_path, argv):
+    for name in FOREIGN_ROOT_PACKAGES:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("raise ImportError('the foreign root')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", *argv],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "the foreign root" not in result.stderr

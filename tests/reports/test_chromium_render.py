@@ -72,8 +72,8 @@ MATRIX_PROBE = """<script>
     overflow: document.documentElement.scrollWidth - window.innerWidth,
     skipped_summary: skipped.querySelector(".cell-total").textContent.trim()
   };
-  attngroup.kernels.querySelector("summary").click();
-  var panel = attngroup.kernels.querySelector(".cell-tests");
+  kernels.querySelector("summary").click();
+  var panel = kernels.querySelector(".cell-tests");
   var box = panel.getBoundingClientRect();
   result.listed = panel.querySelectorAll("li").length;
   result.panel_on_screen = box.top >= 0 && box.bottom <= window.innerHeight && box.width > 0;
