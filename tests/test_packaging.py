@@ -110,7 +110,10 @@ def test_commands_run_from_a_root_whose_generic_names_are_another_projects(tmp_p
     result = subprocess.run(
         [sys.executable, "-m", *argv],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        },
         capture_output=True,
         text=True,
         timeout=120,
