@@ -17,7 +17,7 @@ import zlib
 
 import pytest
 
-from attngroup.reference_engine.pair_options import PAIRS_ENV, pairs_file_from_env
+from attngroup.reference_engine.pairs.pair_options import PAIRS_ENV, pairs_file_from_env
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

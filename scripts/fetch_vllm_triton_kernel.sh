@@ -3,7 +3,7 @@
 # `vllm-triton` benchmark peer and kernel-suite case. Downloads the pinned vLLM wheel into a
 # temporary folder and extracts ONLY its two Triton modules (the kernel and its helpers) into DIR;
 # nothing else of vLLM is kept, and nothing of it is committed (DIR is ignored by git).
-# Carry DIR to the GPU machine inside the checkout. attngroup.kernels.backends.vllm_triton_peer loads it from
+# Carry DIR to the GPU machine inside the checkout. attngroup.benchmarks.vllm_triton_peer loads it from
 # VLLM_TRITON_KERNEL_DIR (default: .vllm-triton in the repository root).
 # Usage: scripts/fetch_vllm_triton_kernel.sh [DIR]   (default DIR: .vllm-triton)
 set -euo pipefail

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from attngroup.benchmarks import bench_spec_decode
-from attngroup.reference_engine import generate_cli
+from attngroup.reference_engine.cli import generate_cli
 
 
 def _generate_args(argv: list[str]) -> argparse.Namespace:

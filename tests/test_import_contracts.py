@@ -80,9 +80,33 @@ def tree_copy(tmp_path: Path) -> Path:
         ),
         pytest.param(
             "attngroup/reference_engine/kv_cache_spec.py",
-            "import attngroup.reference_engine.model_runner",
+            "import attngroup.reference_engine.engine.model_runner",
             "No import cycles",
             id="cycle-inside-engine",
+        ),
+        pytest.param(
+            "attngroup/reference_engine/kv_cache_groups.py",
+            "import attngroup.reference_engine.pairs.pair_configs",
+            "Reference engine:",
+            id="grouping-api-imports-pairs",
+        ),
+        pytest.param(
+            "attngroup/reference_engine/engine/step.py",
+            "import attngroup.reference_engine.engine.scheduler",
+            "Engine loop:",
+            id="step-types-import-scheduler",
+        ),
+        pytest.param(
+            "attngroup/kernels/ops/triton_occupancy.py",
+            "import attngroup.kernels.backends.common",
+            "Kernels:",
+            id="triton-ops-import-backends",
+        ),
+        pytest.param(
+            "attngroup/reports/record.py",
+            "import attngroup.reports.render.summary",
+            "Reports:",
+            id="run-records-import-rendering",
         ),
     ],
 )
@@ -95,3 +119,64 @@ def test_planted_import_breaks_a_contract(
     assert result.returncode == 1, result.stdout + result.stderr
     broken = [line for line in result.stdout.splitlines() if line.endswith("BROKEN")]
     assert any(broken_contract in line for line in broken), result.stdout
+
+
+MAX_MODULES_PER_FOLDER = 15
+
+
+#: folders over the limit whose split is under way elsewhere; strict: the split makes this fail
+SPLIT_UNDER_WAY = {"attngroup/ci": "the CI harness is split into areas/selection/deps by its owner"}
+
+
+def _package_folders() -> list[pytest.param]:
+    folders = sorted(
+        path.parent.relative_to(ROOT).as_posix()
+        for path in (ROOT / PACKAGE).rglob("__init__.py")
+        if "results" not in path.parts
+    )
+    return [
+        pytest.param(
+            folder,
+            id=folder,
+            marks=[pytest.mark.xfail(strict=True, reason=SPLIT_UNDER_WAY[folder])]
+            if folder in SPLIT_UNDER_WAY
+            else [],
+        )
+        for folder in folders
+    ]
+
+
+@pytest.mark.parametrize("folder", _package_folders())
+def test_no_package_folder_holds_more_than_15_modules(folder: str) -> None:
+    """Folders show the architecture: a folder past 15 modules wants a subfolder (test files
+    and conftest.py are the suites' cases, not modules of the architecture)."""
+    modules = sorted(
+        path.name
+        for path in (ROOT / folder).glob("*.py")
+        if not path.name.startswith("test_") and path.name != "conftest.py"
+    )
+    assert len(modules) <= MAX_MODULES_PER_FOLDER, modules
+
+
+def test_engine_entry_points_load_from_the_package_without_torch_up_front() -> None:
+    code = (
+        "import sys, attngroup.reference_engine as engine\n"
+        "assert 'torch' not in sys.modules, 'the package import loaded torch'\n"
+        "from attngroup.reference_engine import EngineConfig, LLMEngine, SamplingParams\n"
+        "assert LLMEngine.__module__ == 'attngroup.reference_engine.engine.llm_engine'\n"
+        "try:\n"
+        "    engine.NoSuchName\n"
+        "except AttributeError as error:\n"
+        "    assert 'NoSuchName' in str(error)\n"
+        "else:\n"
+        "    raise AssertionError('an unknown name resolved')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from attngroup.reports.compare import compare_runs
-from attngroup.reports.matrix import NO_PAIR, OutcomeMatrix, build_matrix
 from attngroup.reports.record import RunRecord, load_record
+from attngroup.reports.render.matrix import NO_PAIR, OutcomeMatrix, build_matrix
 from attngroup.suites.cases import CaseArgumentError, case_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

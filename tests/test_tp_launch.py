@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from attngroup.reference_engine.model_pairs import get_model_pair
-from attngroup.reference_engine.pair_options import PAIRS_ENV
+from attngroup.reference_engine.pairs.pair_options import PAIRS_ENV
 from attngroup.suites.tp_launch import (
     RankContext,
     TPLaunchError,

@@ -32,16 +32,16 @@ from attngroup.benchmarks.timing import (
     l2_flush_buffer,
     time_cuda,
 )
-from attngroup.kernels.attention_oracle import paged_attention_reference
-from attngroup.kernels.backend import AttentionBackend, AttentionLayerParams
-from attngroup.kernels.backends.vllm_triton_peer import (
+from attngroup.benchmarks.vllm_triton_peer import (
     VllmTritonPeerBackend,
     missing_reason,
     split_kv_path,
 )
+from attngroup.kernels.attention_oracle import paged_attention_reference
+from attngroup.kernels.backend import AttentionBackend, AttentionLayerParams
 from attngroup.kernels.metadata import CommonAttentionMetadata, cdiv
+from attngroup.kernels.ops.triton_launch_config import select_path
 from attngroup.kernels.registry import get_backend
-from attngroup.kernels.triton_launch_config import select_path
 from attngroup.reference_engine.kv_cache_spec import FullAttentionSpec
 
 DTYPE = torch.bfloat16

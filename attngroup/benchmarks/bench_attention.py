@@ -2,7 +2,7 @@
 
 Every case goes through the backends' own builders and implementations
 (``attngroup.kernels.registry``; the peer "vllm-triton", vLLM 0.34.0's own Triton kernel
-driven as vLLM's Triton backend drives it, from ``attngroup.kernels.backends.vllm_triton_peer``),
+driven as vLLM's Triton backend drives it, from ``attngroup.benchmarks.vllm_triton_peer``),
 on a bf16 paged KV cache with shuffled pages (page 16):
 
 - decode: one new token per request, the target's query heads;

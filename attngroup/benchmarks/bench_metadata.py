@@ -3,7 +3,7 @@
 Per forward pass the engine builds every KV-cache group's
 ``CommonAttentionMetadata`` in one ``StepMetadataBuilder`` build and hands each
 group's object to its attention groups' builders (``builder.build``). This
-times exactly that path, ``attngroup.reference_engine.forward_metadata.ForwardMetadataBuilder.build``,
+times exactly that path, ``attngroup.reference_engine.engine.forward_metadata.ForwardMetadataBuilder.build``,
 for a verify step (q_len k+1 per request) at a given batch size, as the median
 over timed steps after warm-up. The block tables (int32 host arrays, one per
 KV-cache group) are the step's input, made once, as the runner makes them
@@ -41,7 +41,7 @@ def build_step_timer(
     import torch
 
     from attngroup.kernels.metadata import cdiv
-    from attngroup.reference_engine.forward_metadata import ForwardMetadataBuilder
+    from attngroup.reference_engine.engine.forward_metadata import ForwardMetadataBuilder
 
     metadata = ForwardMetadataBuilder.for_pair(
         pair_name,

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from attngroup.benchmarks.cli import argument_parser
 from attngroup.benchmarks.metrics import Metric, write_metrics
-from attngroup.reference_engine.generate_cli import DTYPES, positive_int, torch_dtype
+from attngroup.reference_engine.cli.generate_cli import DTYPES, positive_int, torch_dtype
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 
 if TYPE_CHECKING:  # torch loads after the arguments are parsed, so --help answers at once
@@ -169,8 +169,8 @@ def build_engine(args: argparse.Namespace) -> Any:
     # Imported here: the engine pulls in triton, after main set the interpreter flag.
     import torch
 
-    from attngroup.reference_engine.llm_engine import EngineConfig, LLMEngine
-    from attngroup.reference_engine.request import SamplingParams
+    from attngroup.reference_engine.engine.llm_engine import EngineConfig, LLMEngine
+    from attngroup.reference_engine.engine.request import SamplingParams
 
     k = args.num_spec_tokens
     max_tokens = max_tokens_for(args)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # torch, triton and the kernels load after the arguments are 
     import torch
 
     from attngroup.benchmarks.attention_cases import Case
-    from attngroup.kernels.triton_launch_config import LaunchConfig
+    from attngroup.kernels.ops.triton_launch_config import LaunchConfig
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,13 @@ def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> lis
 
     from attngroup.benchmarks.attention_runner import KVCache, step_metadata, triton_path
     from attngroup.benchmarks.timing import l2_flush_buffer, time_cuda
-    from attngroup.kernels.split_kv_scratch import SplitKVScratch
-    from attngroup.kernels.triton_launch_config import (
+    from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
+    from attngroup.kernels.ops.triton_launch_config import (
         DEFAULT_NUM_SEGMENTS,
         LaunchConfig,
         choose_launch_config,
     )
-    from attngroup.kernels.triton_unified_attention import unified_attention
+    from attngroup.kernels.ops.triton_unified_attention import unified_attention
 
     cache = KVCache.random(case, device)
     common = step_metadata(case, cache.block_table, device)

@@ -1,7 +1,7 @@
 """The numerical oracle: paged attention computed plainly, in float64 by default.
 
 It reads the cache the same way the kernels do (through the block table; layout in
-``attngroup.kernels.kv_cache_write``) but with ordinary torch ops, one request at a time, so it is
+``attngroup.kernels.cache_layout``) but with ordinary torch ops, one request at a time, so it is
 slow and easy to check by eye. It gathers only the key positions some query of a request can
 see, so cache slots outside them (unused blocks, the tail of the last block, blocks that slid
 out of a window) may hold anything, NaN included.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from attngroup.kernels.kv_cache_write import check_query_against_cache
+from attngroup.kernels.cache_layout import check_query_against_cache
 
 
 def paged_attention_reference(

@@ -5,7 +5,7 @@ that KV-cache group hands the same object to its own builder (vLLM's design,
 research notes section 2). ``from_seq_lens`` is the checked constructor (tests,
 start-up); the engine's per-step hot path is ``attngroup.kernels.step_metadata``, which
 builds every group's metadata of a step at once from persistent buffers and
-is tested to equal ``from_seq_lens``. Layout follows ``attngroup.kernels.kv_cache_write``:
+is tested to equal ``from_seq_lens``. Layout follows ``attngroup.kernels.cache_layout``:
 
 - the query tokens of all requests are concatenated; request ``r`` owns rows
   ``query_start_loc[r] : query_start_loc[r + 1]`` and they are the *last*
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from attngroup.kernels.kv_cache_write import PADDING_SLOT
+from attngroup.kernels.cache_layout import PADDING_SLOT
 
 
 class InvalidMetadataError(ValueError):

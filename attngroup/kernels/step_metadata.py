@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attngroup.kernels.kv_cache_write import PADDING_SLOT
+from attngroup.kernels.cache_layout import PADDING_SLOT
 from attngroup.kernels.metadata import CommonAttentionMetadata
 
 MAX_CACHED_LAYOUTS = 64

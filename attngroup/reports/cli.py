@@ -26,10 +26,10 @@ from attngroup.reports.history import (
     latest_baseline,
     load_history,
 )
-from attngroup.reports.html import render_report
 from attngroup.reports.record import RecordError, RunRecord, load_record
+from attngroup.reports.render.html import render_report
+from attngroup.reports.render.summary import format_summary
 from attngroup.reports.selection import SelectionContext, load_selection
-from attngroup.reports.summary import format_summary
 
 EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2
 

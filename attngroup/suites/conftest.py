@@ -28,8 +28,8 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
     # 4x slower on 2 cores with 2 workers). OMP_NUM_THREADS, when set, decides instead.
     torch.set_num_threads(1)
 
-from attngroup.reference_engine.pair_options import PAIRS_ENV
-from attngroup.reference_engine.pairs_file import PairsFileError, register_pairs_file
+from attngroup.reference_engine.pairs.pair_options import PAIRS_ENV
+from attngroup.reference_engine.pairs.pairs_file import PairsFileError, register_pairs_file
 from attngroup.suites.cases import CaseArgumentError, mark_case
 from attngroup.suites.engines.base import EngineAdapter
 

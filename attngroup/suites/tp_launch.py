@@ -38,8 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from attngroup.reference_engine.pair_options import PAIRS_ENV, pairs_file_from_env
-from attngroup.reference_engine.pairs_file import PairsFileError, register_pairs_file
+from attngroup.reference_engine.pairs.pair_options import PAIRS_ENV, pairs_file_from_env
+from attngroup.reference_engine.pairs.pairs_file import PairsFileError, register_pairs_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LOG_TAIL_CHARS = 4000

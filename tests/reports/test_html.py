@@ -8,7 +8,7 @@ import pytest
 
 from attngroup.reports.compare import compare_runs
 from attngroup.reports.history import History
-from attngroup.reports.html import render_report
+from attngroup.reports.render.html import render_report
 from attngroup.reports.selection import selection_from_json
 from tests.reports.records import (
     HOSTILE_ID,

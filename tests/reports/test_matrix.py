@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attngroup.reports.compare import compare_runs
-from attngroup.reports.matrix import NO_PAIR, area_of, build_matrix, cell_status
+from attngroup.reports.render.matrix import NO_PAIR, area_of, build_matrix, cell_status
 from tests.reports.records import (
     HAZARD_TESTS,
     MATRIX_PAIRS,

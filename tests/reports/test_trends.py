@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attngroup.reports.trends import LEFT, RIGHT, WIDTH, outcome_trend
+from attngroup.reports.render.trends import LEFT, RIGHT, WIDTH, outcome_trend
 from tests.reports.records import make_run, make_test
 
 SAME_COMMIT = {"git_sha": "5" * 40}

@@ -27,13 +27,13 @@ from attngroup.kernels.backend import (
 )
 from attngroup.kernels.backends.common import check_launch_shapes, describe_builder
 from attngroup.kernels.metadata import CommonAttentionMetadata
-from attngroup.kernels.split_kv_scratch import SplitKVScratch
-from attngroup.kernels.triton_launch_config import (
+from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
+from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     MAX_3D_QUERY_LEN,
     MIN_LAUNCH_GRID_SIZE_2D,
 )
-from attngroup.kernels.triton_unified_attention import unified_attention
+from attngroup.kernels.ops.triton_unified_attention import unified_attention
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The engine's models: one module per family, built from a pair's configs and
-loaded from safetensors files (``attngroup.reference_engine.weights``).
+loaded from safetensors files (``attngroup.reference_engine.models.weights``).
 
 ``build_pair_models`` returns the target and the draft of a pair with the
 attention-layer names of ``ModelPair.layers()``: the target's under "model",
@@ -23,7 +23,7 @@ from attngroup.reference_engine.models.gemma4_assistant import Gemma4Assistant
 from attngroup.reference_engine.models.llama import build_dense_draft_head, build_dense_model
 from attngroup.reference_engine.models.parallel import SINGLE, TensorParallel, shard_for
 from attngroup.reference_engine.models.qwen3_next import Qwen3NextForCausalLM, build_qwen3_next_mtp
-from attngroup.reference_engine.weights import identity, load_weights, skipping
+from attngroup.reference_engine.models.weights import identity, load_weights, skipping
 
 
 class DraftKind(StrEnum):

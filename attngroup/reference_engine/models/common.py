@@ -2,7 +2,7 @@
 paged attention layer that runs through the attention backends.
 
 Attention never runs in the models themselves: ``PagedAttention`` writes the new
-keys and values into the paged cache with ``attngroup.kernels.kv_cache_write`` (unless the
+keys and values into the paged cache with ``attngroup.kernels.ops.kv_cache_write`` (unless the
 layer reads another layer's cache) and calls its attention group's backend
 implementation with the metadata that group's builder built this step.
 """
@@ -19,7 +19,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from attngroup.kernels.backend import AttentionImpl
-from attngroup.kernels.kv_cache_write import write_kv_cache
+from attngroup.kernels.ops.kv_cache_write import write_kv_cache
 from attngroup.reference_engine.models.parallel import (
     COLUMN,
     ROW,

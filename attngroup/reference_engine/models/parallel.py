@@ -10,7 +10,7 @@ projections are replicated.
 
 A module that owns split weights lists how to cut each full checkpoint tensor
 in ``tp_shard_rules`` (parameter name -> ``ShardRule``); ``shard_for`` turns
-them into the ``shard`` callback of ``attngroup.reference_engine.weights.load_weights``.
+them into the ``shard`` callback of ``attngroup.reference_engine.models.weights.load_weights``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,10 @@ import pytest
 import torch
 
 from attngroup.kernels.metadata import CommonAttentionMetadata, InvalidMetadataError
-from attngroup.reference_engine.forward_metadata import BlockTableError, ForwardMetadataBuilder
+from attngroup.reference_engine.engine.forward_metadata import (
+    BlockTableError,
+    ForwardMetadataBuilder,
+)
 
 pytestmark = pytest.mark.grouping
 

@@ -16,12 +16,17 @@ from safetensors.torch import save_file
 from torch import nn
 
 from attngroup.kernels.backend import MIXED_HEADS_MESSAGE
-from attngroup.reference_engine import model_runner
-from attngroup.reference_engine.forward_metadata import BlockTableError
+from attngroup.reference_engine.engine import model_runner
+from attngroup.reference_engine.engine.forward_metadata import BlockTableError
+from attngroup.reference_engine.engine.model_runner import ModelRunner
+from attngroup.reference_engine.engine.step import (
+    ProposeInput,
+    ProposeRequest,
+    ScheduledChunk,
+    StepBatch,
+)
 from attngroup.reference_engine.model_pairs import get_model_pair
-from attngroup.reference_engine.model_runner import ModelRunner
-from attngroup.reference_engine.step import ProposeInput, ProposeRequest, ScheduledChunk, StepBatch
-from attngroup.reference_engine.weights import (
+from attngroup.reference_engine.models.weights import (
     WeightLoadError,
     load_weights,
     pair_weight_files,

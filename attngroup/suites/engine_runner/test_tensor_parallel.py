@@ -23,9 +23,14 @@ import pytest
 import torch
 
 from attngroup.kernels.registry import get_backend
+from attngroup.reference_engine.engine.model_runner import ModelRunner
+from attngroup.reference_engine.engine.step import (
+    ProposeInput,
+    ProposeRequest,
+    ScheduledChunk,
+    StepBatch,
+)
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
-from attngroup.reference_engine.model_runner import ModelRunner
-from attngroup.reference_engine.step import ProposeInput, ProposeRequest, ScheduledChunk, StepBatch
 from attngroup.suites.spec_decode.test_greedy_identity import (
     BF16_MAX_ROW_RTOL,
     BF16_MEDIAN_ROW_RTOL,

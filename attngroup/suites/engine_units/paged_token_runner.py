@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from attngroup.kernels.metadata import cdiv
-from attngroup.reference_engine.model_runner import KVCacheGroupInfo
-from attngroup.reference_engine.step import (
+from attngroup.reference_engine.engine.model_runner import KVCacheGroupInfo
+from attngroup.reference_engine.engine.step import (
     NULL_BLOCK_ID,
     DraftOutput,
     ProposeInput,

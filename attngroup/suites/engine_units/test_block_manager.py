@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attngroup.reference_engine.block_manager import BlockManager, GroupKind, GroupLayout
-from attngroup.reference_engine.step import NULL_BLOCK_ID
+from attngroup.reference_engine.engine.block_manager import BlockManager, GroupKind, GroupLayout
+from attngroup.reference_engine.engine.step import NULL_BLOCK_ID
 
 pytestmark = pytest.mark.spec_decode
 

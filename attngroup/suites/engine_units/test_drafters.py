@@ -1,4 +1,4 @@
-"""The drafter interface (``attngroup.reference_engine.spec_decode.drafter``) on stand-in models:
+"""The drafter interface (``attngroup.reference_engine.engine.spec_decode.drafter``) on stand-in models:
 which tokens a drafter's catch-up pass runs, and how ``roll_back`` moves that point.
 
 A drafter with its own KV cache runs, per call, the entries its cache does not
@@ -13,15 +13,17 @@ import pytest
 import torch
 from torch import nn
 
-from attngroup.reference_engine.model_runner import DRAFTERS
+from attngroup.reference_engine.engine.model_runner import DRAFTERS
+from attngroup.reference_engine.engine.spec_decode.constant_position import ConstantPositionDrafter
+from attngroup.reference_engine.engine.spec_decode.draft_model import DraftModelDrafter
+from attngroup.reference_engine.engine.spec_decode.drafter import DraftInputs
+from attngroup.reference_engine.engine.spec_decode.hidden_conditioned import (
+    HiddenConditionedDrafter,
+)
+from attngroup.reference_engine.engine.spec_decode.hidden_states import HiddenStateBuffer
+from attngroup.reference_engine.engine.step import ProposeRequest
+from attngroup.reference_engine.engine.step_rows import StepRows
 from attngroup.reference_engine.models import DraftKind
-from attngroup.reference_engine.spec_decode.constant_position import ConstantPositionDrafter
-from attngroup.reference_engine.spec_decode.draft_model import DraftModelDrafter
-from attngroup.reference_engine.spec_decode.drafter import DraftInputs
-from attngroup.reference_engine.spec_decode.hidden_conditioned import HiddenConditionedDrafter
-from attngroup.reference_engine.spec_decode.hidden_states import HiddenStateBuffer
-from attngroup.reference_engine.step import ProposeRequest
-from attngroup.reference_engine.step_rows import StepRows
 
 HIDDEN, VOCAB = 4, 7
 BLOCKS = ((0, 1),)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from attngroup.reference_engine.llm_engine import EngineConfig, LLMEngine
-from attngroup.reference_engine.request import SamplingParams
-from attngroup.reference_engine.scheduler import SchedulerCapacityError
+from attngroup.reference_engine.engine.llm_engine import EngineConfig, LLMEngine
+from attngroup.reference_engine.engine.request import SamplingParams
+from attngroup.reference_engine.engine.scheduler import SchedulerCapacityError
 from attngroup.suites.engine_units.paged_token_runner import PagedTokenRunner, expected_continuation
 
 pytestmark = pytest.mark.spec_decode

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attngroup.reference_engine.rejection_sampler import (
+from attngroup.reference_engine.engine.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     greedy_rejection_sample,
     num_emitted,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attngroup.reference_engine.sampler import probs_from_logits, sample
+from attngroup.reference_engine.engine.sampler import probs_from_logits, sample
 from attngroup.suites.engine_units.chi_square import chi_square_pvalue
 
 pytestmark = pytest.mark.spec_decode

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from attngroup.reference_engine.block_manager import BlockManager, GroupKind, GroupLayout
-from attngroup.reference_engine.request import Request, RequestStatus, SamplingParams
-from attngroup.reference_engine.scheduler import Scheduler, SchedulerCapacityError
+from attngroup.reference_engine.engine.block_manager import BlockManager, GroupKind, GroupLayout
+from attngroup.reference_engine.engine.request import Request, RequestStatus, SamplingParams
+from attngroup.reference_engine.engine.scheduler import Scheduler, SchedulerCapacityError
 
 pytestmark = pytest.mark.spec_decode
 

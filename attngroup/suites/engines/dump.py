@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS
-from attngroup.reference_engine.pair_options import pairs_file_from_env
-from attngroup.reference_engine.pairs_file import register_pairs_file
+from attngroup.reference_engine.pairs.pair_options import pairs_file_from_env
+from attngroup.reference_engine.pairs.pairs_file import register_pairs_file
 from attngroup.suites.engines.base import EngineAdapter, GroupingOutcome
 
 

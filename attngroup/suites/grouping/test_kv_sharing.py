@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from attngroup.reference_engine.attention_groups import group_attention_layers
+from attngroup.reference_engine.engine.model_runner import ModelRunner
+from attngroup.reference_engine.engine.paged_caches import allocate_caches
 from attngroup.reference_engine.grouping_plan import plan_grouping
 from attngroup.reference_engine.kv_cache_groups import KVCacheGroupingError, get_kv_cache_groups
 from attngroup.reference_engine.kv_sharing import kv_sharing_of, with_kv_cache_owners
 from attngroup.reference_engine.layers import LayerDescription, LayerKind, Role
 from attngroup.reference_engine.model_pairs import ModelPair, SpecMethod
-from attngroup.reference_engine.model_runner import ModelRunner
-from attngroup.reference_engine.paged_caches import allocate_caches
 
 pytestmark = pytest.mark.grouping
 

@@ -1,5 +1,5 @@
-"""Model pairs from checkpoint config files (``attngroup.reference_engine.pair_configs``,
-``attngroup.reference_engine.pairs_file``): what the layer descriptions keep of the real
+"""Model pairs from checkpoint config files (``attngroup.reference_engine.pairs.pair_configs``,
+``attngroup.reference_engine.pairs.pairs_file``): what the layer descriptions keep of the real
 configs, what is refused, and how a bad pairs file is reported."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from attngroup.reference_engine.family_layers import layer_describer
-from attngroup.reference_engine.pair_configs import (
+from attngroup.reference_engine.pairs.pair_configs import (
     PairConfigError,
     pair_from_configs,
     read_config,
     tiny_layer_types,
 )
-from attngroup.reference_engine.pairs_file import PairsFileError, load_pairs_file
+from attngroup.reference_engine.pairs.pairs_file import PairsFileError, load_pairs_file
 
 pytestmark = pytest.mark.grouping
 
@@ -265,6 +265,6 @@ def test_qwen3_next_from_configs_keeps_state_and_attention_layers(tmp_path):
 
 def test_config_checks_know_the_engines_activations():
     from attngroup.reference_engine.models.common import ACTIVATIONS
-    from attngroup.reference_engine.pair_configs import ENGINE_ACTIVATIONS
+    from attngroup.reference_engine.pairs.pair_configs import ENGINE_ACTIVATIONS
 
     assert set(ENGINE_ACTIVATIONS) == set(ACTIVATIONS)

@@ -34,12 +34,21 @@ import pytest
 import torch
 
 from attngroup.kernels.registry import get_backend
+from attngroup.reference_engine.engine.model_runner import ModelRunner
+from attngroup.reference_engine.engine.step import (
+    ProposeInput,
+    ProposeRequest,
+    ScheduledChunk,
+    StepBatch,
+)
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS, ModelPair, SpecMethod
-from attngroup.reference_engine.model_runner import ModelRunner
 from attngroup.reference_engine.models import DraftKind
-from attngroup.reference_engine.pairs_file import load_pairs_file
-from attngroup.reference_engine.step import ProposeInput, ProposeRequest, ScheduledChunk, StepBatch
-from attngroup.reference_engine.weights import ReferenceModels, reference_models, save_pair_weights
+from attngroup.reference_engine.models.weights import (
+    ReferenceModels,
+    reference_models,
+    save_pair_weights,
+)
+from attngroup.reference_engine.pairs.pairs_file import load_pairs_file
 
 pytestmark = pytest.mark.hf_parity
 

@@ -64,7 +64,7 @@ class BatchSpec:
 
 @dataclass(frozen=True, eq=False)
 class PagedBatch:
-    """Tensors of one step, in the kernels' layout (see ``attngroup.kernels.kv_cache_write``).
+    """Tensors of one step, in the kernels' layout (see ``attngroup.kernels.cache_layout``).
 
     ``keys[r]``/``values[r]`` [seq_len_r, num_kv_heads, head_size] are request ``r``'s dense
     K/V (what was scattered into the cache); ``slot_mapping`` gives the new tokens' slots.

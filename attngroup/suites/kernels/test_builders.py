@@ -16,9 +16,9 @@ import triton
 from attngroup.kernels.backend import MIXED_HEADS_MESSAGE, AttentionLayerParams
 from attngroup.kernels.backends.common import HeadCountMismatchError
 from attngroup.kernels.backends.triton_attn import TritonAttentionMetadataBuilder
+from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError
+from attngroup.kernels.ops.triton_launch_config import DEFAULT_NUM_SEGMENTS
 from attngroup.kernels.registry import get_backend
-from attngroup.kernels.split_kv_scratch import ScratchTooSmallError
-from attngroup.kernels.triton_launch_config import DEFAULT_NUM_SEGMENTS
 from attngroup.reference_engine.attention_groups import AttentionGroup, GroupingPolicy
 from attngroup.reference_engine.kv_cache_spec import FullAttentionSpec
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS, get_model_pair

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attngroup.kernels.kv_cache_write import PADDING_SLOT, write_kv_cache
+from attngroup.kernels.cache_layout import PADDING_SLOT
+from attngroup.kernels.ops.kv_cache_write import write_kv_cache
 from attngroup.suites.kernels.batches import BATCHES_CPU, gpu_only, make_paged_batch
 
 pytestmark = pytest.mark.kernels

@@ -33,8 +33,8 @@ import torch
 from attngroup.kernels.attention_oracle import paged_attention_reference
 from attngroup.kernels.backend import AttentionLayerParams
 from attngroup.kernels.backends.common import HeadCountMismatchError
+from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError
 from attngroup.kernels.registry import get_backend
-from attngroup.kernels.split_kv_scratch import ScratchTooSmallError
 from attngroup.reference_engine.attention_groups import GroupingPolicy
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 from attngroup.suites.kernels.backend_harness import (

@@ -16,20 +16,20 @@ import torch
 import triton
 import triton.language as tl
 
-from attngroup.kernels.split_kv_scratch import ScratchTooSmallError, SplitKVScratch
-from attngroup.kernels.triton_launch_config import (
+from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError, SplitKVScratch
+from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     LaunchConfig,
     next_power_of_2,
 )
-from attngroup.kernels.triton_launch_plan import (
+from attngroup.kernels.ops.triton_launch_plan import (
     AttentionTensors,
     ConstexprSignature,
     LaunchPlan,
     plan_launch,
 )
-from attngroup.kernels.triton_occupancy import H200_SMS
-from attngroup.kernels.triton_unified_attention import (
+from attngroup.kernels.ops.triton_occupancy import H200_SMS
+from attngroup.kernels.ops.triton_unified_attention import (
     _merge_segments_kernel,
     _unified_attention_kernel,
 )

@@ -11,10 +11,10 @@ from dataclasses import asdict, dataclass
 import pytest
 import torch
 
-from attngroup.kernels import triton_occupancy
 from attngroup.kernels.attention_oracle import paged_attention_reference
-from attngroup.kernels.split_kv_scratch import ScratchTooSmallError, SplitKVScratch
-from attngroup.kernels.triton_launch_config import (
+from attngroup.kernels.ops import triton_occupancy
+from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError, SplitKVScratch
+from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     MAX_3D_QUERY_LEN,
     MIN_SEGMENTS_3D,
@@ -23,8 +23,8 @@ from attngroup.kernels.triton_launch_config import (
     select_path,
     split_kv_segments,
 )
-from attngroup.kernels.triton_occupancy import H200_SMS, resident_programs_per_sm
-from attngroup.kernels.triton_unified_attention import unified_attention
+from attngroup.kernels.ops.triton_occupancy import H200_SMS, resident_programs_per_sm
+from attngroup.kernels.ops.triton_unified_attention import unified_attention
 from attngroup.suites.kernels.batches import (
     BATCHES_CPU,
     RELATIVE_ERROR_BOUND,

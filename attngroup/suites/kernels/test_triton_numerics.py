@@ -21,13 +21,13 @@ import pytest
 import torch
 
 from attngroup.kernels.attention_oracle import paged_attention_reference
-from attngroup.kernels.split_kv_scratch import SplitKVScratch
-from attngroup.kernels.triton_launch_config import (
+from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
+from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     LaunchConfig,
     choose_launch_config,
 )
-from attngroup.kernels.triton_unified_attention import unified_attention
+from attngroup.kernels.ops.triton_unified_attention import unified_attention
 from attngroup.suites.kernels.batches import (
     BATCHES_CPU,
     BATCHES_GPU,

@@ -13,13 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attngroup.kernels.attention_oracle import paged_attention_reference
-from attngroup.kernels.backend import AttentionLayerParams
-from attngroup.kernels.backends.vllm_triton_peer import (
+from attngroup.benchmarks.vllm_triton_peer import (
     VllmTritonImpl,
     VllmTritonMetadataBuilder,
     missing_reason,
 )
+from attngroup.kernels.attention_oracle import paged_attention_reference
+from attngroup.kernels.backend import AttentionLayerParams
 from attngroup.reference_engine.kv_cache_spec import FullAttentionSpec
 from attngroup.suites.kernels.backend_harness import common_metadata, poisoned_like
 from attngroup.suites.kernels.batches import (

@@ -19,10 +19,15 @@ import pytest
 import torch
 
 from attngroup.kernels.registry import get_backend
-from attngroup.reference_engine.llm_engine import EngineConfig, LLMEngine, make_runner
+from attngroup.reference_engine.engine.llm_engine import EngineConfig, LLMEngine, make_runner
+from attngroup.reference_engine.engine.request import SamplingParams
+from attngroup.reference_engine.engine.step import (
+    DraftOutput,
+    ProposeInput,
+    ScheduledChunk,
+    StepBatch,
+)
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
-from attngroup.reference_engine.request import SamplingParams
-from attngroup.reference_engine.step import DraftOutput, ProposeInput, ScheduledChunk, StepBatch
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"

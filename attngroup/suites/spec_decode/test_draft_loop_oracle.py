@@ -18,7 +18,7 @@ The drafts' distributions must match position by position, and the KV the draft
 wrote in the paged cache must equal the oracle's keys and values at every
 position it covers (the Q-only assistant must write nothing). Independently of
 both, every paged draft pass must use the positions and slot mapping the loop's
-contract gives (the drafters of ``attngroup.reference_engine.spec_decode``): a loop that uses the wrong
+contract gives (the drafters of ``attngroup.reference_engine.engine.spec_decode``): a loop that uses the wrong
 position for steps 2..k fails all three.
 """
 
@@ -32,11 +32,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from attngroup.reference_engine.engine.model_runner import ModelRunner
+from attngroup.reference_engine.engine.step import (
+    ProposeInput,
+    ProposeRequest,
+    ScheduledChunk,
+    StepBatch,
+)
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS
-from attngroup.reference_engine.model_runner import ModelRunner
 from attngroup.reference_engine.models import DraftKind
 from attngroup.reference_engine.models.common import PagedAttention
-from attngroup.reference_engine.step import ProposeInput, ProposeRequest, ScheduledChunk, StepBatch
 
 pytestmark = pytest.mark.spec_decode
 

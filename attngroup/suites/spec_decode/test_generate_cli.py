@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from attngroup.reference_engine import generate_cli
+from attngroup.reference_engine.cli import generate_cli
 from attngroup.suites.spec_decode.harness import ON_GPU, case_marks
 from tests.json_schemas import (
     MISSING,

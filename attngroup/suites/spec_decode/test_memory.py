@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from attngroup.reference_engine.request import SamplingParams
+from attngroup.reference_engine.engine.request import SamplingParams
 from attngroup.suites.spec_decode.harness import case_marks, greedy_generate, prompts_for
 
 # Five usable 16-token blocks per KV-cache group (one is the null block): the three

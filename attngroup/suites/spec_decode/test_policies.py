@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from attngroup.reference_engine import generate_cli
+from attngroup.reference_engine.cli import generate_cli
 from attngroup.reference_engine.model_pairs import get_model_pair
 from attngroup.suites.spec_decode.harness import (
     MIXED_PAIRS,

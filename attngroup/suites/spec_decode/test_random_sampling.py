@@ -13,9 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attngroup.reference_engine.rejection_sampler import num_emitted, random_rejection_sample
-from attngroup.reference_engine.request import SamplingParams
-from attngroup.reference_engine.step import ProposeInput, ProposeRequest, ScheduledChunk, StepBatch
+from attngroup.reference_engine.engine.rejection_sampler import num_emitted, random_rejection_sample
+from attngroup.reference_engine.engine.request import SamplingParams
+from attngroup.reference_engine.engine.step import (
+    ProposeInput,
+    ProposeRequest,
+    ScheduledChunk,
+    StepBatch,
+)
 from attngroup.suites.engine_units.chi_square import chi_square_pvalue
 from attngroup.suites.spec_decode.harness import MAX_TOKENS, PAIRS, case_marks, prompts_for
 

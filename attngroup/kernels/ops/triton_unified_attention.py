@@ -1,6 +1,6 @@
 """Triton unified paged attention: one kernel family for prefill, decode and spec-decode verify.
 
-Cache layout and batch description: see ``attngroup.kernels.kv_cache_write`` and ``attngroup.kernels.attention_oracle``.
+Cache layout and batch description: see ``attngroup.kernels.cache_layout`` and ``attngroup.kernels.attention_oracle``.
 
 How the work is cut:
 
@@ -26,9 +26,9 @@ How the work is cut:
   start), through the block table, so cache slots outside them may hold anything.
 
 Every decision of a call (path, grids, tile sizes, rows per program, warps, stages, segment
-counts, compile-time constants) is made by ``attngroup.kernels.triton_launch_plan.plan_launch`` without a
+counts, compile-time constants) is made by ``attngroup.kernels.ops.triton_launch_plan.plan_launch`` without a
 device; this module holds the kernels and ``launch``, which turns a plan into kernel calls.
-Pass ``config=`` (a ``attngroup.kernels.triton_launch_config.LaunchConfig``) to tune without editing the
+Pass ``config=`` (a ``attngroup.kernels.ops.triton_launch_config.LaunchConfig``) to tune without editing the
 kernels.
 """
 
@@ -41,10 +41,10 @@ import torch
 import triton
 import triton.language as tl
 
-from attngroup.kernels.split_kv_scratch import SplitKVScratch
-from attngroup.kernels.triton_launch_config import LaunchConfig
-from attngroup.kernels.triton_launch_plan import AttentionTensors, LaunchPlan, plan_launch
-from attngroup.kernels.triton_occupancy import measure_wave_slots
+from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
+from attngroup.kernels.ops.triton_launch_config import LaunchConfig
+from attngroup.kernels.ops.triton_launch_plan import AttentionTensors, LaunchPlan, plan_launch
+from attngroup.kernels.ops.triton_occupancy import measure_wave_slots
 
 
 def unified_attention(

@@ -24,7 +24,7 @@ from attngroup.reference_engine.model_pairs import (
     UnknownModelPairError,
     get_model_pair,
 )
-from attngroup.reference_engine.pair_options import add_pair_options, pair_name_from_args
+from attngroup.reference_engine.pairs.pair_options import add_pair_options, pair_name_from_args
 
 if TYPE_CHECKING:  # torch loads when a run starts, so --help and bad arguments answer at once
     import torch
@@ -194,9 +194,9 @@ def run(args: argparse.Namespace) -> int:
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the KV write is a Triton kernel
     # Imported here: the engine pulls in the models and triton, after the line above.
-    from attngroup.reference_engine.llm_engine import EngineConfig, LLMEngine
-    from attngroup.reference_engine.pair_configs import PairConfigError
-    from attngroup.reference_engine.request import SamplingParams
+    from attngroup.reference_engine.engine.llm_engine import EngineConfig, LLMEngine
+    from attngroup.reference_engine.engine.request import SamplingParams
+    from attngroup.reference_engine.pairs.pair_configs import PairConfigError
 
     try:
         name = pair_name_from_args(args)

@@ -13,9 +13,13 @@ from collections.abc import Sequence
 
 import torch
 
-from attngroup.reference_engine.spec_decode.drafter import DraftSteps, OwnKVDrafter, sample_drafts
-from attngroup.reference_engine.step import ProposeRequest
-from attngroup.reference_engine.step_rows import StepRows
+from attngroup.reference_engine.engine.spec_decode.drafter import (
+    DraftSteps,
+    OwnKVDrafter,
+    sample_drafts,
+)
+from attngroup.reference_engine.engine.step import ProposeRequest
+from attngroup.reference_engine.engine.step_rows import StepRows
 
 
 class HiddenConditionedDrafter(OwnKVDrafter):

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from attngroup.reference_engine.model_pairs import BUILTIN_PAIR_NAMES, ModelPair, register_pairs
-from attngroup.reference_engine.pair_configs import PairConfigError, pair_from_configs
+from attngroup.reference_engine.pairs.pair_configs import PairConfigError, pair_from_configs
 
 REQUIRED_KEYS = ("name", "target", "draft", "method")
 OPTIONAL_KEYS = ("draft_kv", "description", "backend")

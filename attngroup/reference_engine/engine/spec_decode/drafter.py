@@ -22,10 +22,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from attngroup.reference_engine.engine.spec_decode.hidden_states import HiddenStateBuffer
+from attngroup.reference_engine.engine.step import ProposeRequest
+from attngroup.reference_engine.engine.step_rows import StepRows
 from attngroup.reference_engine.models.common import ForwardContext
-from attngroup.reference_engine.spec_decode.hidden_states import HiddenStateBuffer
-from attngroup.reference_engine.step import ProposeRequest
-from attngroup.reference_engine.step_rows import StepRows
 
 #: Per draft step: the tokens (int64 [num_requests]) and the distributions they
 #: were drawn from (float32 [num_requests, vocab]).

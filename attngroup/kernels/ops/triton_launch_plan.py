@@ -3,10 +3,10 @@
 ``plan_launch`` checks the inputs, picks the 2D or split-KV (3D) path, the launch parameters
 (``LaunchConfig``), the grids, the kernels' compile-time constants and what the split-KV
 scratch must cover, and returns them as a frozen ``LaunchPlan``;
-``attngroup.kernels.triton_unified_attention.launch`` only turns a plan into kernel calls. Planning
+``attngroup.kernels.ops.triton_unified_attention.launch`` only turns a plan into kernel calls. Planning
 reads tensor shapes, dtypes, strides and devices, never their data, and compiles nothing: the
 one device-dependent input, how many programs fill a wave, comes from an injected
-``wave_slots`` probe (``attngroup.kernels.triton_occupancy.measure_wave_slots`` on a GPU, a number in
+``wave_slots`` probe (``attngroup.kernels.ops.triton_occupancy.measure_wave_slots`` on a GPU, a number in
 tests). ``ConstexprSignature`` reads a kernel's ``tl.constexpr`` parameters from its
 signature, so a test holds the plan's constants to the kernels'.
 """
@@ -22,10 +22,10 @@ from typing import Literal
 
 import torch
 
-from attngroup.kernels.kv_cache_write import check_query_against_cache
+from attngroup.kernels.cache_layout import check_query_against_cache
 from attngroup.kernels.metadata import cdiv
-from attngroup.kernels.split_kv_scratch import ScratchNeeds, SplitKVScratch, check_scratch
-from attngroup.kernels.triton_launch_config import (
+from attngroup.kernels.ops.split_kv_scratch import ScratchNeeds, SplitKVScratch, check_scratch
+from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     INTERPRETED,
     LaunchConfig,
@@ -92,7 +92,7 @@ class LaunchPlan:
 
 WaveSlots = Callable[[LaunchPlan], int]
 """Programs of a plan's attention kernel that the device runs at once: the occupancy probe
-(``attngroup.kernels.triton_occupancy.measure_wave_slots`` on a GPU), injected so planning stays pure."""
+(``attngroup.kernels.ops.triton_occupancy.measure_wave_slots`` on a GPU), injected so planning stays pure."""
 
 
 @dataclass(frozen=True)

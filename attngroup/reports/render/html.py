@@ -14,17 +14,17 @@ import jinja2
 from markupsafe import Markup
 
 from attngroup.reports.compare import Comparison
-from attngroup.reports.formatting import (
+from attngroup.reports.history import History, previous_runs
+from attngroup.reports.record import OUTCOMES
+from attngroup.reports.render.formatting import (
     format_change,
     format_duration,
     format_p_value,
     format_value,
 )
-from attngroup.reports.history import History, previous_runs
-from attngroup.reports.matrix import SHORT_OUTCOMES, build_matrix
-from attngroup.reports.record import OUTCOMES
+from attngroup.reports.render.matrix import SHORT_OUTCOMES, build_matrix
+from attngroup.reports.render.trends import HEIGHT, WIDTH, metric_trends, outcome_trend
 from attngroup.reports.selection import SelectionContext
-from attngroup.reports.trends import HEIGHT, WIDTH, metric_trends, outcome_trend
 
 TEMPLATES = Path(__file__).parent / "templates"
 FIELD_COLUMNS = ("pair", "backend", "dtype", "policy", "tp", "k")

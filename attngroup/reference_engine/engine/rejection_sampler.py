@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from attngroup.reference_engine.sampler import sample_from_probs
+from attngroup.reference_engine.engine.sampler import sample_from_probs
 
 PLACEHOLDER_TOKEN_ID = -1
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attngroup.reports.compare import typical_value
-from attngroup.reports.formatting import format_number
 from attngroup.reports.record import FAILING_OUTCOMES, PASSING_OUTCOMES, Metric, RunRecord
+from attngroup.reports.render.formatting import format_number
 
 WIDTH, HEIGHT = 360, 150
 LEFT, RIGHT, TOP, BOTTOM = 64, 10, 12, 28  # plot margins, room for axis labels

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngroup.reference_engine.step import ProposeRequest
+from attngroup.reference_engine.engine.step import ProposeRequest
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from attngroup.reference_engine.block_manager import BlockManager
-from attngroup.reference_engine.request import Request, RequestStatus
-from attngroup.reference_engine.step import ScheduledChunk, StepBatch
+from attngroup.reference_engine.engine.block_manager import BlockManager
+from attngroup.reference_engine.engine.request import Request, RequestStatus
+from attngroup.reference_engine.engine.step import ScheduledChunk, StepBatch
 
 
 class SchedulerCapacityError(RuntimeError):

@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from attngroup.kernels.metadata import cdiv
-from attngroup.reference_engine.step import NULL_BLOCK_ID
+from attngroup.reference_engine.engine.step import NULL_BLOCK_ID
 
 
 class GroupInfoLike(Protocol):

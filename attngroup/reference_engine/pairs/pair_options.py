@@ -3,7 +3,7 @@
 ``--pairs FILE`` (default ``$AGC_PAIRS``) registers a pairs file's pairs;
 ``--target-config`` / ``--draft-config`` / ``--method`` build one pair from two
 checkpoint configs for a one-off check. Both go through
-``attngroup.reference_engine.pair_configs``; a bad file or config is a ``PairSourceError``
+``attngroup.reference_engine.pairs.pair_configs``; a bad file or config is a ``PairSourceError``
 naming the file and field, which the commands report with exit code 2.
 """
 
@@ -47,8 +47,8 @@ def pair_name_from_args(args: argparse.Namespace) -> str:
     """Register what the options name and return the pair's name (raises ``ValueError``
     subclasses naming the file and field)."""
     from attngroup.reference_engine.model_pairs import MODEL_PAIRS, register_pairs
-    from attngroup.reference_engine.pair_configs import PairConfigError, pair_from_configs
-    from attngroup.reference_engine.pairs_file import register_pairs_file
+    from attngroup.reference_engine.pairs.pair_configs import PairConfigError, pair_from_configs
+    from attngroup.reference_engine.pairs.pairs_file import register_pairs_file
 
     if args.pairs is not None:
         register_pairs_file(args.pairs)

@@ -2,7 +2,7 @@
 
 Pure heuristics over the batch's host-side sizes (no tensors, no device): ``select_path``
 picks 2D or split-KV (3D), ``choose_launch_config`` the tunable ``LaunchConfig`` and
-``split_kv_segments`` a segment count that fills whole waves. ``attngroup.kernels.triton_launch_plan``
+``split_kv_segments`` a segment count that fills whole waves. ``attngroup.kernels.ops.triton_launch_plan``
 applies them to one call; pass ``config=`` there (or to ``unified_attention``) to tune
 without editing the kernels.
 """
@@ -15,7 +15,7 @@ from typing import Literal
 import triton
 
 from attngroup.kernels.metadata import cdiv
-from attngroup.kernels.triton_occupancy import H200_WAVE_SLOTS
+from attngroup.kernels.ops.triton_occupancy import H200_WAVE_SLOTS
 
 MAX_3D_QUERY_LEN = 8
 """The longest query (decode, or verify of up to 7 drafts) the split-KV path serves."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngroup.reference_engine.step import ScheduledChunk
+from attngroup.reference_engine.engine.step import ScheduledChunk
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from attngroup.kernels.registry import ATTENTION_BACKENDS
 from attngroup.reference_engine.grouping_policy import GroupingPolicy
 from attngroup.reference_engine.model_pairs import ModelPair, get_model_pair
-from attngroup.reference_engine.pair_options import add_pair_options, pair_name_from_args
+from attngroup.reference_engine.pairs.pair_options import add_pair_options, pair_name_from_args
 
 if TYPE_CHECKING:  # grouping loads torch and the backends: imported when a command runs
     from attngroup.reference_engine.grouping_plan import GroupingPlan
@@ -124,7 +124,7 @@ def format_table(pair: ModelPair, tp: int, policy: str, plan: GroupingPlan) -> s
 
 def run(args: argparse.Namespace) -> int:
     from attngroup.reference_engine.grouping_plan import plan_grouping
-    from attngroup.reference_engine.pair_configs import PairConfigError
+    from attngroup.reference_engine.pairs.pair_configs import PairConfigError
 
     try:
         pair = get_model_pair(pair_name_from_args(args))

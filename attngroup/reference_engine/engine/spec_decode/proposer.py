@@ -14,9 +14,9 @@ from typing import Protocol
 
 import torch
 
-from attngroup.reference_engine.block_manager import BlockManager
-from attngroup.reference_engine.request import Request
-from attngroup.reference_engine.step import DraftOutput, ProposeInput, ProposeRequest
+from attngroup.reference_engine.engine.block_manager import BlockManager
+from attngroup.reference_engine.engine.request import Request
+from attngroup.reference_engine.engine.step import DraftOutput, ProposeInput, ProposeRequest
 
 
 class DraftingRunner(Protocol):

@@ -26,18 +26,18 @@ from typing import Any
 
 import torch
 
-from attngroup.reference_engine.block_manager import BlockManager
-from attngroup.reference_engine.model_pairs import ModelPair, get_model_pair
-from attngroup.reference_engine.rejection_sampler import (
+from attngroup.reference_engine.engine.block_manager import BlockManager
+from attngroup.reference_engine.engine.rejection_sampler import (
     PLACEHOLDER_TOKEN_ID,
     greedy_rejection_sample,
     random_rejection_sample,
 )
-from attngroup.reference_engine.request import Request, SamplingParams
-from attngroup.reference_engine.sampler import probs_from_logits, sample
-from attngroup.reference_engine.scheduler import ScheduledRequest, Scheduler
-from attngroup.reference_engine.spec_decode.metrics import SpecDecodeStats
-from attngroup.reference_engine.spec_decode.proposer import Proposer
+from attngroup.reference_engine.engine.request import Request, SamplingParams
+from attngroup.reference_engine.engine.sampler import probs_from_logits, sample
+from attngroup.reference_engine.engine.scheduler import ScheduledRequest, Scheduler
+from attngroup.reference_engine.engine.spec_decode.metrics import SpecDecodeStats
+from attngroup.reference_engine.engine.spec_decode.proposer import Proposer
+from attngroup.reference_engine.model_pairs import ModelPair, get_model_pair
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class EngineStats:
 
 def make_runner(pair: ModelPair, config: EngineConfig) -> Any:
     """The model runner for ``config`` (imported here: it pulls in the models)."""
-    from attngroup.reference_engine.model_runner import ModelRunner
+    from attngroup.reference_engine.engine.model_runner import ModelRunner
 
     return ModelRunner(
         pair,

@@ -1,6 +1,6 @@
 """The model runner: a pair's tiny target and draft on the paged KV cache.
 
-Interface with the engine loop (the dataclasses live in ``attngroup.reference_engine.step``;
+Interface with the engine loop (the dataclasses live in ``attngroup.reference_engine.engine.step``;
 their fields are stable):
 
 - ``execute_target(StepBatch) -> TargetOutput``: runs the target on every
@@ -13,10 +13,10 @@ their fields are stable):
   with the token just sampled; L tokens, the target has validly cached L - 1).
   The runner rolls state back to those L - 1 tokens and hands the requests to
   the pair's drafter, one drafting method per module of
-  ``attngroup.reference_engine.spec_decode`` (draft model, EAGLE / MTP layers, the
+  ``attngroup.reference_engine.engine.spec_decode`` (draft model, EAGLE / MTP layers, the
   Gemma 4 assistant; ``spec_decode.drafter`` says which runs what).
 - State layers (Qwen3-Next): a verify chunk (``logits="all"``) folds rejected
-  tokens into the recurrent state too; ``attngroup.reference_engine.state_snapshots``
+  tokens into the recurrent state too; ``attngroup.reference_engine.engine.state_snapshots``
   saves and restores it and the runner replays the accepted prefix.
 - ``remove_requests(ids)``: forget finished / preempted requests.
 - ``kv_cache_group_infos``: per KV-cache group, what the block manager needs.
@@ -30,7 +30,7 @@ request's blocks must cover every position written: ``start_position +
 len(token_ids)`` for a target chunk and ``len(token_ids) + num_spec_tokens``
 for a propose call (the draft writes its own KV for drafted positions, which
 later steps overwrite); a shortfall raises
-``attngroup.reference_engine.forward_metadata.BlockTableError``. State groups keep a
+``attngroup.reference_engine.engine.forward_metadata.BlockTableError``. State groups keep a
 request's recurrent state in its first block.
 
 Start-up on the CPU needs ``TRITON_INTERPRET=1`` before triton is imported:
@@ -55,7 +55,24 @@ from torch import nn
 
 from attngroup.kernels.registry import get_backend
 from attngroup.reference_engine.attention_groups import AttentionGroup, GroupingPolicy
-from attngroup.reference_engine.forward_metadata import ForwardMetadataBuilder
+from attngroup.reference_engine.engine.forward_metadata import ForwardMetadataBuilder
+from attngroup.reference_engine.engine.paged_caches import allocate_caches
+from attngroup.reference_engine.engine.spec_decode.constant_position import ConstantPositionDrafter
+from attngroup.reference_engine.engine.spec_decode.draft_model import DraftModelDrafter
+from attngroup.reference_engine.engine.spec_decode.drafter import Drafter, DraftInputs
+from attngroup.reference_engine.engine.spec_decode.hidden_conditioned import (
+    HiddenConditionedDrafter,
+)
+from attngroup.reference_engine.engine.spec_decode.hidden_states import HiddenStateBuffer
+from attngroup.reference_engine.engine.state_snapshots import StateSnapshots
+from attngroup.reference_engine.engine.step import (
+    DraftOutput,
+    ProposeInput,
+    ScheduledChunk,
+    StepBatch,
+    TargetOutput,
+)
+from attngroup.reference_engine.engine.step_rows import StepRows
 from attngroup.reference_engine.grouping_plan import plan_grouping
 from attngroup.reference_engine.kv_cache_spec import (
     KVCacheGroupSpec,
@@ -67,22 +84,7 @@ from attngroup.reference_engine.model_pairs import ModelPair
 from attngroup.reference_engine.models import DraftKind, build_pair_models
 from attngroup.reference_engine.models.common import ForwardContext, PagedAttention
 from attngroup.reference_engine.models.parallel import TensorParallel
-from attngroup.reference_engine.paged_caches import allocate_caches
-from attngroup.reference_engine.spec_decode.constant_position import ConstantPositionDrafter
-from attngroup.reference_engine.spec_decode.draft_model import DraftModelDrafter
-from attngroup.reference_engine.spec_decode.drafter import Drafter, DraftInputs
-from attngroup.reference_engine.spec_decode.hidden_conditioned import HiddenConditionedDrafter
-from attngroup.reference_engine.spec_decode.hidden_states import HiddenStateBuffer
-from attngroup.reference_engine.state_snapshots import StateSnapshots
-from attngroup.reference_engine.step import (
-    DraftOutput,
-    ProposeInput,
-    ScheduledChunk,
-    StepBatch,
-    TargetOutput,
-)
-from attngroup.reference_engine.step_rows import StepRows
-from attngroup.reference_engine.weights import pair_weight_files
+from attngroup.reference_engine.models.weights import pair_weight_files
 
 #: The drafting method of each kind of draft (``attngroup.reference_engine.models.draft_kind_of``).
 DRAFTERS: dict[DraftKind, Callable[[DraftInputs], Drafter]] = {
@@ -132,10 +134,10 @@ class ModelRunner:
     Start-up follows vLLM: layer descriptions -> ``plan_grouping`` (LEGACY on a
     mixed pair raises vLLM's AssertionError here) -> one metadata builder per
     attention group -> models and weights -> KV caches per layer with its own
-    spec (``attngroup.reference_engine.paged_caches``) -> the pair's drafter.
+    spec (``attngroup.reference_engine.engine.paged_caches``) -> the pair's drafter.
     Each forward pass builds ``CommonAttentionMetadata`` once per KV-cache group
     it touches, all of them in one ``StepMetadataBuilder`` build from persistent
-    buffers (``attngroup.reference_engine.forward_metadata``), and hands each object to
+    buffers (``attngroup.reference_engine.engine.forward_metadata``), and hands each object to
     every builder of its group (``num_common_metadata_builds`` counts them). A
     pass's metadata is valid until the next pass builds.
     """

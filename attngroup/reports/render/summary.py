@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from attngroup.reports.compare import Comparison, MetricChange, TestChange
-from attngroup.reports.formatting import format_change, format_p_value, format_value
+from attngroup.reports.render.formatting import format_change, format_p_value, format_value
 
 MESSAGE_WIDTH = 160
 

@@ -1,0 +1,1 @@
+"""The reference engine's command line: ``pairs``, ``inspect`` and ``generate``."""

@@ -1,0 +1,1 @@
+"""The engine loop: requests, scheduler, block manager, model runner, samplers and drafters."""

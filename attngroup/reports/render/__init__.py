@@ -1,0 +1,1 @@
+"""Rendering a comparison: the HTML report, its outcome matrix and trends, and the terminal summary."""
