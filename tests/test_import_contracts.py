@@ -67,7 +67,7 @@ def tree_copy(tmp_path: Path) -> Path:
             id="engine-imports-suites",
         ),
         pytest.param(
-            "attngroup/ci/selection.py",
+            "attngroup/ci/selection/select_steps.py",
             "import attngroup.reports.record",
             "stand apart",
             id="ci-imports-reports",
@@ -77,6 +77,18 @@ def tree_copy(tmp_path: Path) -> Path:
             "import attngroup.kernels.metadata",
             "never imports",
             id="reports-imports-kernels",
+        ),
+        pytest.param(
+            "attngroup/ci/selection/select_steps.py",
+            "import attngroup.ci.deps.checker",
+            "CI layers",
+            id="ci-selection-imports-deps",
+        ),
+        pytest.param(
+            "attngroup/ci/areas/config.py",
+            "import attngroup.ci.selection.changes",
+            "CI layers",
+            id="ci-areas-imports-selection",
         ),
         pytest.param(
             "attngroup/reference_engine/kv_cache_spec.py",

@@ -17,19 +17,19 @@ from pathlib import Path
 
 import yaml
 
-from attngroup.ci.areas import load_test_areas
+from attngroup.ci.areas.config import RunConfig, TestAreas, load_run_config
+from attngroup.ci.areas.lint import lint_warnings
+from attngroup.ci.areas.load import load_test_areas
 from attngroup.ci.atomic_write import check_writable_target, write_atomically
-from attngroup.ci.baseline import load_baseline, only_new, write_baseline
-from attngroup.ci.changes import ChangeSet, compute_changes
-from attngroup.ci.config import RunConfig, TestAreas, load_run_config
-from attngroup.ci.deps import DependencyChecker, suggested_entries
-from attngroup.ci.deps_report import format_missed, format_report, missed_json, report_json
+from attngroup.ci.deps.baseline import load_baseline, only_new, write_baseline
+from attngroup.ci.deps.checker import DependencyChecker, suggested_entries
+from attngroup.ci.deps.fix import add_dependencies
+from attngroup.ci.deps.parse_cache import default_cache_dir
+from attngroup.ci.deps.report import format_missed, format_report, missed_json, report_json
 from attngroup.ci.errors import CIInputError
-from attngroup.ci.fix import add_dependencies
-from attngroup.ci.lint import lint_warnings
-from attngroup.ci.parse_cache import default_cache_dir
-from attngroup.ci.pipeline import build_pipeline, checked_uploads
-from attngroup.ci.selection import Knobs, Selection, select_steps
+from attngroup.ci.selection.changes import ChangeSet, compute_changes
+from attngroup.ci.selection.pipeline import build_pipeline, checked_uploads
+from attngroup.ci.selection.select_steps import Knobs, Selection, select_steps
 
 DEFAULT_CONFIG = ".buildkite/ci_config.yaml"
 EXIT_OK = 0

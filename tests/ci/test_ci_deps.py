@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from attngroup.ci.areas import load_test_areas
-from attngroup.ci.config import load_run_config, load_test_area_file
-from attngroup.ci.deps import check_dependencies
-from attngroup.ci.fix import add_dependencies
-from attngroup.ci.imports import REGISTRY, STATIC, ImportGraph
-from attngroup.ci.pytest_commands import pytest_runs
-from attngroup.ci.reach import closures, members
-from attngroup.ci.test_inventory import collected_files, selected_tests
+from attngroup.ci.areas.config import load_run_config, load_test_area_file
+from attngroup.ci.areas.load import load_test_areas
+from attngroup.ci.deps.checker import check_dependencies
+from attngroup.ci.deps.fix import add_dependencies
+from attngroup.ci.deps.imports import REGISTRY, STATIC, ImportGraph
+from attngroup.ci.deps.reach import closures, members
+from attngroup.ci.deps.test_inventory import collected_files, selected_tests
+from attngroup.ci.selection.pytest_commands import pytest_runs
 from tests.ci.helpers import RUN_CONFIG, run_cli, write_tree
 from tests.json_schemas import assert_matches_schema
 

@@ -150,9 +150,9 @@ def test_whole_repository_reports_the_backend_gap_not_the_model_strings(repo):
 
 
 def test_type_checking_imports_are_not_runtime_edges(repo):
-    from attngroup.ci.areas import load_test_areas
-    from attngroup.ci.config import load_run_config
-    from attngroup.ci.deps import check_dependencies
+    from attngroup.ci.areas.config import load_run_config
+    from attngroup.ci.areas.load import load_test_areas
+    from attngroup.ci.deps.checker import check_dependencies
 
     config = load_run_config(repo / ".buildkite/ci_config.yaml", ".buildkite/ci_config.yaml")
     report = check_dependencies(load_test_areas(config, repo), config, repo)

@@ -4,7 +4,7 @@ Parsing is most of check-deps' cost (vLLM: about 6,000 files, 85 MB). The facts 
 (its import statements, dotted-path strings, f-string templates) depend only on its bytes,
 so they are cached under the BLAKE2 hash of the content, in one JSON file per repository in
 the user's cache directory (never inside the repository, so read-only trees work and nothing
-needs ignoring). The test inventory of test files is cached the same way (``attngroup.ci.deps``). A cache that cannot be read or parsed is discarded and rebuilt; it is
+needs ignoring). The test inventory of test files is cached the same way (``attngroup.ci.deps.checker``). A cache that cannot be read or parsed is discarded and rebuilt; it is
 replaced atomically, so a crash never leaves half a cache.
 """
 

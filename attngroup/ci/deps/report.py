@@ -8,9 +8,9 @@ and entries, never one record per gap, so it stays small.
 
 from __future__ import annotations
 
-from attngroup.ci.deps import DependencyReport, MissedTrigger, StepReport, example_chain
-from attngroup.ci.imports import REGISTRY, STATIC, ImportGraph
-from attngroup.ci.selection import Selection
+from attngroup.ci.deps.checker import DependencyReport, MissedTrigger, StepReport, example_chain
+from attngroup.ci.deps.imports import REGISTRY, STATIC, ImportGraph
+from attngroup.ci.selection.select_steps import Selection
 
 TOP_STEPS = 10  # steps shown in detail without --verbose
 TOP_ENTRIES = 3  # entries to add shown per step without --verbose

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attngroup.ci.parse_cache import Facts, parse_files
-from attngroup.ci.reach import closures
+from attngroup.ci.deps.parse_cache import Facts, parse_files
+from attngroup.ci.deps.reach import closures
 
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "build", "dist", "venv", "site-packages"})
 STATIC = "static"

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attngroup.ci.areas.yaml_source import line_of, load_yaml, to_plain
 from attngroup.ci.errors import CIInputError, CIInputErrors, Location
-from attngroup.ci.yaml_source import line_of, load_yaml, to_plain
 
 # A checker returns None for a good value, else what the value should have been.
 Checker = Callable[[Any], str | None]

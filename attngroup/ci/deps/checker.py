@@ -5,7 +5,7 @@ closure of those files, their conftest.py chain and installed pytest plugins -> 
 paths. Reachable paths that no ``source_file_dependencies`` entry covers are gaps: a change
 there would not select the step (the missed attention-backend -> spec-decode rule). Gaps are
 *static* (an import chain reaches them) or *registry* (only a registry's dotted-path string
-does); closures are bitsets (``attngroup.ci.reach``), so a vLLM-sized tree takes seconds.
+does); closures are bitsets (``attngroup.ci.deps.reach``), so a vLLM-sized tree takes seconds.
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attngroup.ci.config import RunConfig, Step, TestAreas
-from attngroup.ci.errors import CIInputError
-from attngroup.ci.imports import REGISTRY, STATIC, ImportGraph, import_root_problems
-from attngroup.ci.inventory_cache import TestInventory
-from attngroup.ci.pytest_commands import CommandParseError, PytestRun, pytest_runs
-from attngroup.ci.reach import members
-from attngroup.ci.selection import Selection, matches_dependency, split_dependencies
-from attngroup.ci.test_inventory import (
+from attngroup.ci.areas.config import RunConfig, Step, TestAreas
+from attngroup.ci.areas.entries import matches_dependency, split_dependencies
+from attngroup.ci.deps.imports import REGISTRY, STATIC, ImportGraph, import_root_problems
+from attngroup.ci.deps.inventory_cache import TestInventory
+from attngroup.ci.deps.reach import members
+from attngroup.ci.deps.test_inventory import (
     TestFunction,
     clear_caches,
     collected_files,
@@ -32,6 +30,9 @@ from attngroup.ci.test_inventory import (
     missing_targets,
     selected_tests,
 )
+from attngroup.ci.errors import CIInputError
+from attngroup.ci.selection.pytest_commands import CommandParseError, PytestRun, pytest_runs
+from attngroup.ci.selection.select_steps import Selection
 
 
 @dataclass(frozen=True)
