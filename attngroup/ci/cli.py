@@ -25,7 +25,14 @@ from attngroup.ci.deps.baseline import load_baseline, only_new, write_baseline
 from attngroup.ci.deps.checker import DependencyChecker, suggested_entries
 from attngroup.ci.deps.fix import add_dependencies
 from attngroup.ci.deps.parse_cache import default_cache_dir
-from attngroup.ci.deps.report import format_missed, format_report, missed_json, report_json
+from attngroup.ci.deps.report import (
+    format_missed,
+    format_report,
+    missed_json,
+    report_json,
+    unparsed_json,
+    unparsed_warnings,
+)
 from attngroup.ci.errors import CIInputError
 from attngroup.ci.selection.changes import ChangeSet, compute_changes
 from attngroup.ci.selection.pipeline import build_pipeline, checked_uploads
@@ -208,6 +215,11 @@ def command_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warn_unparsed(checker: DependencyChecker) -> None:
+    for warning in unparsed_warnings(checker.graph):
+        print(f"warning: {warning}", file=sys.stderr)
+
+
 def command_check_deps(args: argparse.Namespace) -> int:
     root, config, areas = _load(args)
     baseline = load_baseline(Path(args.baseline)) if args.baseline else None
@@ -221,7 +233,8 @@ def command_check_deps(args: argparse.Namespace) -> int:
                 dataclasses.replace(item, known=baseline.covers_gap(item.key, item.path))
                 for item in missed
             ]
-        document = missed_json(missed, selection)
+        _warn_unparsed(checker)
+        document = missed_json(missed, selection) | {"unparsed_files": unparsed_json(checker.graph)}
         print(
             json.dumps(document, indent=1)
             if args.json
@@ -249,6 +262,7 @@ def command_check_deps(args: argparse.Namespace) -> int:
         return 0
     if baseline is not None:
         report = only_new(report, baseline)
+    _warn_unparsed(checker)
     if args.json:
         print(json.dumps(report_json(report, checker.graph), indent=1))
     else:

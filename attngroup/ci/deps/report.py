@@ -111,7 +111,21 @@ def report_json(report: DependencyReport, graph: ImportGraph) -> dict:
         "steps": steps,
         "orphan_tests": list(report.orphan_tests),
         "stale_ignores": list(report.stale_ignores),
+        "unparsed_files": unparsed_json(graph),
     }
+
+
+def unparsed_warnings(graph: ImportGraph) -> list[str]:
+    """One named warning per file check-deps could not parse: a syntax error or an unreadable file
+    contributes no imports, so a gap through it would otherwise go unseen without a word."""
+    return [
+        f"unparsed-file: {path}: {error} (check-deps sees no imports in it)"
+        for path, error in sorted(graph.parse_errors.items())
+    ]
+
+
+def unparsed_json(graph: ImportGraph) -> list[dict[str, str]]:
+    return [{"path": path, "error": error} for path, error in sorted(graph.parse_errors.items())]
 
 
 def format_missed(missed: list[MissedTrigger], selection: Selection, verbose: bool = False) -> str:
