@@ -27,14 +27,17 @@ from attngroup.ci.deps.fix import add_dependencies
 from attngroup.ci.deps.parse_cache import default_cache_dir
 from attngroup.ci.deps.report import (
     format_missed,
+    format_ran_this_code,
     format_report,
     missed_json,
+    ran_this_code_json,
     report_json,
     unparsed_json,
     unparsed_warnings,
 )
+from attngroup.ci.deps.runtime_coverage import LineTests
 from attngroup.ci.errors import CIInputError
-from attngroup.ci.selection.changes import ChangeSet, compute_changes
+from attngroup.ci.selection.changes import ChangeSet, changed_lines, compute_changes
 from attngroup.ci.selection.pipeline import build_pipeline, checked_uploads
 from attngroup.ci.selection.select_steps import Knobs, Selection, select_steps
 
@@ -132,6 +135,16 @@ def _load(args: argparse.Namespace) -> tuple[Path, RunConfig, TestAreas]:
     return root, config, areas
 
 
+def _changes(args: argparse.Namespace, root: Path) -> ChangeSet:
+    return compute_changes(
+        root,
+        args.base,
+        args.head,
+        args.include_untracked,
+        os.environ.get("MERGE_BASE_COMMIT") or None,
+    )
+
+
 def _selection(
     args: argparse.Namespace, root: Path, config: RunConfig, areas: TestAreas
 ) -> Selection:
@@ -142,13 +155,7 @@ def _selection(
         if not knobs.run_all:
             raise CIInputError("missing base ref: pass --base REF (or --all to select every step)")
         return select_steps(areas, config, ChangeSet("-", "-", None, ()), knobs)
-    changes = compute_changes(
-        root,
-        args.base,
-        args.head,
-        args.include_untracked,
-        os.environ.get("MERGE_BASE_COMMIT") or None,
-    )
+    changes = _changes(args, root)
     if not changes.known:
         print(f"warning: selecting every step: {changes.unavailable_reason}", file=sys.stderr)
     return select_steps(areas, config, changes, knobs)
@@ -221,6 +228,8 @@ def _warn_unparsed(checker: DependencyChecker) -> None:
 
 
 def command_check_deps(args: argparse.Namespace) -> int:
+    if args.coverage and args.base is None:
+        raise CIInputError("--coverage needs --base REF: it maps the changed lines to tests")
     root, config, areas = _load(args)
     baseline = load_baseline(Path(args.baseline)) if args.baseline else None
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(root)
@@ -235,11 +244,16 @@ def command_check_deps(args: argparse.Namespace) -> int:
             ]
         _warn_unparsed(checker)
         document = missed_json(missed, selection) | {"unparsed_files": unparsed_json(checker.graph)}
-        print(
-            json.dumps(document, indent=1)
-            if args.json
-            else format_missed(missed, selection, args.verbose)
-        )
+        text = [format_missed(missed, selection, args.verbose)]
+        if args.coverage:
+            line_tests = LineTests(Path(args.coverage), root)
+            ran = checker.ran_this_code(
+                selection, line_tests, changed_lines(root, _changes(args, root))
+            )
+            document["ran_this_code"] = ran_this_code_json(ran)
+            document["ok"] = document["ok"] and all(item.selected for item in ran)
+            text.insert(0, "\n".join(format_ran_this_code(ran, args.coverage, args.verbose)))
+        print(json.dumps(document, indent=1) if args.json else "\n".join(text))
         return 0 if document["ok"] else EXIT_GAPS
     report = checker.check_all()
     if args.fix:
@@ -340,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--head", help="head ref for --base (default: the working tree)")
     check.add_argument(
         "--include-untracked", action="store_true", help="count untracked files as changed"
+    )
+    check.add_argument(
+        "--coverage",
+        metavar="FILE",
+        help="with --base: coverage.py data with per-test contexts "
+        "(pytest --cov --cov-context=test); steps whose tests ran a changed line come first",
     )
     check.add_argument("--baseline", help="fail only on findings this baseline does not record")
     check.add_argument("--write-baseline", metavar="FILE", help="record today's findings")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tomllib
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from attngroup.ci.areas.entries import matches_dependency, split_dependencies
 from attngroup.ci.deps.imports import REGISTRY, STATIC, ImportGraph, import_root_problems
 from attngroup.ci.deps.inventory_cache import TestInventory
 from attngroup.ci.deps.reach import members
+from attngroup.ci.deps.runtime_coverage import LineTests, RanThisCode
 from attngroup.ci.deps.test_inventory import (
     TestFunction,
     clear_caches,
@@ -388,6 +389,51 @@ class DependencyChecker:
                     )
                 )
         return missed
+
+    def steps_running(self, node_ids: set[str]) -> dict[str, set[str]]:
+        """Test node id -> keys of the steps whose pytest commands run it (-k, -m and node-id
+        arguments applied as in the whole-repository check)."""
+        files = {node.partition("::")[0] for node in node_ids}
+        inventory = TestInventory(self.repo_root, sorted(files), self.cache_dir)
+        running: dict[str, set[str]] = defaultdict(set)
+        for step in self.areas.steps:
+            for run, run_files in self.scopes[step.key].runs:
+                wanted = [path for path in run_files if path in files]
+                if not wanted:
+                    continue
+                try:
+                    tests = selected_tests(self.repo_root, run, wanted, inventory)
+                except ValueError:  # a bad -k/-m expression: a problem of the step, reported there
+                    continue
+                for test in tests:
+                    if test.node_id in node_ids:
+                        running[test.node_id].add(step.key)
+        return running
+
+    def ran_this_code(
+        self, selection: Selection, line_tests: LineTests, lines: Mapping[str, Iterable[int]]
+    ) -> list[RanThisCode]:
+        """Steps whose tests executed a changed line when the coverage data was recorded,
+        most changed lines first, then fewest tests (the most specific evidence)."""
+        tests = line_tests.tests_for(lines)
+        running = self.steps_running(set(tests))
+        per_step: dict[str, set[str]] = defaultdict(set)
+        for test, keys in running.items():
+            for key in keys:
+                per_step[key].add(test)
+        steps = self.areas.by_key()
+        chosen = selection.selected_keys()
+        found = [
+            RanThisCode(
+                key=key,
+                location=f"{steps[key].file}:{steps[key].line}",
+                selected=key in chosen,
+                tests=tuple(sorted(step_tests)),
+                lines=tuple(sorted({line for test in step_tests for line in tests[test]})),
+            )
+            for key, step_tests in per_step.items()
+        ]
+        return sorted(found, key=lambda item: (-len(item.lines), len(item.tests), item.key))
 
 
 def check_dependencies(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from attngroup.ci.deps.checker import DependencyReport, MissedTrigger, StepReport, example_chain
 from attngroup.ci.deps.imports import REGISTRY, STATIC, ImportGraph
+from attngroup.ci.deps.runtime_coverage import RanThisCode
 from attngroup.ci.selection.select_steps import Selection
 
 TOP_STEPS = 10  # steps shown in detail without --verbose
@@ -126,6 +127,36 @@ def unparsed_warnings(graph: ImportGraph) -> list[str]:
 
 def unparsed_json(graph: ImportGraph) -> list[dict[str, str]]:
     return [{"path": path, "error": error} for path, error in sorted(graph.parse_errors.items())]
+
+
+def format_ran_this_code(ran: list[RanThisCode], source: str, verbose: bool = False) -> list[str]:
+    """The runtime tier, first: steps whose tests executed a changed line, one line each with
+    the first test and changed line as evidence."""
+    unselected = sum(not item.selected for item in ran)
+    lines = [f"ran this code ({source}): {len(ran)} steps, {unselected} not selected"]
+    for item in ran if verbose else ran[:TOP_STEPS]:
+        tag = "selected" if item.selected else "MISSED"
+        more = f" (+{len(item.tests) - 1} tests)" if len(item.tests) > 1 else ""
+        lines.append(
+            f"  [{tag}] {item.key} ({item.location}): {len(item.lines)} changed lines, "
+            f"e.g. {item.lines[0]}, by {item.tests[0]}{more}"
+        )
+    if len(ran) > TOP_STEPS and not verbose:
+        lines.append(f"  ... {len(ran) - TOP_STEPS} more steps (-v or --json lists all)")
+    return lines
+
+
+def ran_this_code_json(ran: list[RanThisCode]) -> list[dict]:
+    return [
+        {
+            "step": item.key,
+            "location": item.location,
+            "selected": item.selected,
+            "tests": list(item.tests),
+            "lines": list(item.lines),
+        }
+        for item in ran
+    ]
 
 
 def format_missed(missed: list[MissedTrigger], selection: Selection, verbose: bool = False) -> str:
