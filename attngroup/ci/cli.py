@@ -243,8 +243,10 @@ def command_check_deps(args: argparse.Namespace) -> int:
                 for item in missed
             ]
         _warn_unparsed(checker)
-        document = missed_json(missed, selection) | {"unparsed_files": unparsed_json(checker.graph)}
-        text = [format_missed(missed, selection, args.verbose)]
+        document = missed_json(missed, selection, checker.graph) | {
+            "unparsed_files": unparsed_json(checker.graph)
+        }
+        text = [format_missed(missed, selection, checker.graph, args.verbose)]
         if args.coverage:
             line_tests = LineTests(Path(args.coverage), root)
             ran = checker.ran_this_code(

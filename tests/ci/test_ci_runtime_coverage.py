@@ -126,7 +126,7 @@ def test_a_line_only_one_test_runs_puts_exactly_its_step_first(recorded):
     assert lines[1].startswith("  [MISSED] draft (.buildkite/test_areas/engine.yaml:")
     assert f"e.g. engine/grouping.py:{DRAFT_LINE}, by tests/draft/test_draft.py::" in lines[1]
     # The static evidence still names every step that imports the file, after the runtime tier.
-    assert "imported by 3 unselected steps" in result.stdout
+    assert "3 unselected steps reach them (a: 3, b: 0, c: 0)" in lines[2]
 
 
 def test_a_line_every_target_test_runs_names_that_step_with_both_parametrizations(recorded):
