@@ -67,7 +67,7 @@ def tree_copy(tmp_path: Path) -> Path:
             id="engine-imports-suites",
         ),
         pytest.param(
-            "attngroup/ci/selection.py",
+            "attngroup/ci/selection/select_steps.py",
             "import attngroup.reports.record",
             "stand apart",
             id="ci-imports-reports",
@@ -77,6 +77,18 @@ def tree_copy(tmp_path: Path) -> Path:
             "import attngroup.kernels.metadata",
             "never imports",
             id="reports-imports-kernels",
+        ),
+        pytest.param(
+            "attngroup/ci/selection/select_steps.py",
+            "import attngroup.ci.deps.checker",
+            "CI layers",
+            id="ci-selection-imports-deps",
+        ),
+        pytest.param(
+            "attngroup/ci/areas/config.py",
+            "import attngroup.ci.selection.changes",
+            "CI layers",
+            id="ci-areas-imports-selection",
         ),
         pytest.param(
             "attngroup/reference_engine/kv_cache_spec.py",
@@ -124,26 +136,13 @@ def test_planted_import_breaks_a_contract(
 MAX_MODULES_PER_FOLDER = 15
 
 
-#: folders over the limit whose split is under way elsewhere; strict: the split makes this fail
-SPLIT_UNDER_WAY = {"attngroup/ci": "the CI harness is split into areas/selection/deps by its owner"}
-
-
 def _package_folders() -> list[pytest.param]:
     folders = sorted(
         path.parent.relative_to(ROOT).as_posix()
         for path in (ROOT / PACKAGE).rglob("__init__.py")
         if "results" not in path.parts
     )
-    return [
-        pytest.param(
-            folder,
-            id=folder,
-            marks=[pytest.mark.xfail(strict=True, reason=SPLIT_UNDER_WAY[folder])]
-            if folder in SPLIT_UNDER_WAY
-            else [],
-        )
-        for folder in folders
-    ]
+    return [pytest.param(folder, id=folder) for folder in folders]
 
 
 @pytest.mark.parametrize("folder", _package_folders())

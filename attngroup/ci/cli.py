@@ -17,19 +17,29 @@ from pathlib import Path
 
 import yaml
 
-from attngroup.ci.areas import load_test_areas
+from attngroup.ci.areas.config import RunConfig, TestAreas, load_run_config
+from attngroup.ci.areas.lint import lint_warnings
+from attngroup.ci.areas.load import load_test_areas
 from attngroup.ci.atomic_write import check_writable_target, write_atomically
-from attngroup.ci.baseline import load_baseline, only_new, write_baseline
-from attngroup.ci.changes import ChangeSet, compute_changes
-from attngroup.ci.config import RunConfig, TestAreas, load_run_config
-from attngroup.ci.deps import DependencyChecker, suggested_entries
-from attngroup.ci.deps_report import format_missed, format_report, missed_json, report_json
+from attngroup.ci.deps.baseline import load_baseline, only_new, write_baseline
+from attngroup.ci.deps.checker import DependencyChecker, suggested_entries
+from attngroup.ci.deps.fix import add_dependencies
+from attngroup.ci.deps.parse_cache import default_cache_dir
+from attngroup.ci.deps.report import (
+    format_missed,
+    format_ran_this_code,
+    format_report,
+    missed_json,
+    ran_this_code_json,
+    report_json,
+    unparsed_json,
+    unparsed_warnings,
+)
+from attngroup.ci.deps.runtime_coverage import LineTests
 from attngroup.ci.errors import CIInputError
-from attngroup.ci.fix import add_dependencies
-from attngroup.ci.lint import lint_warnings
-from attngroup.ci.parse_cache import default_cache_dir
-from attngroup.ci.pipeline import build_pipeline, checked_uploads
-from attngroup.ci.selection import Knobs, Selection, select_steps
+from attngroup.ci.selection.changes import ChangeSet, changed_lines, compute_changes
+from attngroup.ci.selection.pipeline import build_pipeline, checked_uploads
+from attngroup.ci.selection.select_steps import Knobs, Selection, select_steps
 
 DEFAULT_CONFIG = ".buildkite/ci_config.yaml"
 EXIT_OK = 0
@@ -125,6 +135,16 @@ def _load(args: argparse.Namespace) -> tuple[Path, RunConfig, TestAreas]:
     return root, config, areas
 
 
+def _changes(args: argparse.Namespace, root: Path) -> ChangeSet:
+    return compute_changes(
+        root,
+        args.base,
+        args.head,
+        args.include_untracked,
+        os.environ.get("MERGE_BASE_COMMIT") or None,
+    )
+
+
 def _selection(
     args: argparse.Namespace, root: Path, config: RunConfig, areas: TestAreas
 ) -> Selection:
@@ -135,13 +155,7 @@ def _selection(
         if not knobs.run_all:
             raise CIInputError("missing base ref: pass --base REF (or --all to select every step)")
         return select_steps(areas, config, ChangeSet("-", "-", None, ()), knobs)
-    changes = compute_changes(
-        root,
-        args.base,
-        args.head,
-        args.include_untracked,
-        os.environ.get("MERGE_BASE_COMMIT") or None,
-    )
+    changes = _changes(args, root)
     if not changes.known:
         print(f"warning: selecting every step: {changes.unavailable_reason}", file=sys.stderr)
     return select_steps(areas, config, changes, knobs)
@@ -208,7 +222,14 @@ def command_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warn_unparsed(checker: DependencyChecker) -> None:
+    for warning in unparsed_warnings(checker.graph):
+        print(f"warning: {warning}", file=sys.stderr)
+
+
 def command_check_deps(args: argparse.Namespace) -> int:
+    if args.coverage and args.base is None:
+        raise CIInputError("--coverage needs --base REF: it maps the changed lines to tests")
     root, config, areas = _load(args)
     baseline = load_baseline(Path(args.baseline)) if args.baseline else None
     cache = Path(args.cache_dir) if args.cache_dir else default_cache_dir(root)
@@ -221,12 +242,20 @@ def command_check_deps(args: argparse.Namespace) -> int:
                 dataclasses.replace(item, known=baseline.covers_gap(item.key, item.path))
                 for item in missed
             ]
-        document = missed_json(missed, selection)
-        print(
-            json.dumps(document, indent=1)
-            if args.json
-            else format_missed(missed, selection, args.verbose)
-        )
+        _warn_unparsed(checker)
+        document = missed_json(missed, selection, checker.graph) | {
+            "unparsed_files": unparsed_json(checker.graph)
+        }
+        text = [format_missed(missed, selection, checker.graph, args.verbose)]
+        if args.coverage:
+            line_tests = LineTests(Path(args.coverage), root)
+            ran = checker.ran_this_code(
+                selection, line_tests, changed_lines(root, _changes(args, root))
+            )
+            document["ran_this_code"] = ran_this_code_json(ran)
+            document["ok"] = document["ok"] and all(item.selected for item in ran)
+            text.insert(0, "\n".join(format_ran_this_code(ran, args.coverage, args.verbose)))
+        print(json.dumps(document, indent=1) if args.json else "\n".join(text))
         return 0 if document["ok"] else EXIT_GAPS
     report = checker.check_all()
     if args.fix:
@@ -249,6 +278,7 @@ def command_check_deps(args: argparse.Namespace) -> int:
         return 0
     if baseline is not None:
         report = only_new(report, baseline)
+    _warn_unparsed(checker)
     if args.json:
         print(json.dumps(report_json(report, checker.graph), indent=1))
     else:
@@ -326,6 +356,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--head", help="head ref for --base (default: the working tree)")
     check.add_argument(
         "--include-untracked", action="store_true", help="count untracked files as changed"
+    )
+    check.add_argument(
+        "--coverage",
+        metavar="FILE",
+        help="with --base: coverage.py data with per-test contexts "
+        "(pytest --cov --cov-context=test); steps whose tests ran a changed line come first",
     )
     check.add_argument("--baseline", help="fail only on findings this baseline does not record")
     check.add_argument("--write-baseline", metavar="FILE", help="record today's findings")

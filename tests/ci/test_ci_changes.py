@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from attngroup.ci.changes import compute_changes
+from attngroup.ci.selection.changes import compute_changes
 from tests.ci.helpers import RUN_CONFIG, commit_all, git, init_repo, run_cli, write_tree
 from tests.json_schemas import assert_matches_schema
 

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from attngroup.ci.areas import load_test_areas
-from attngroup.ci.config import (
+from attngroup.ci.areas.config import (
     KeyPolicy,
     derive_step_key,
     load_run_config,
     load_test_area_file,
 )
+from attngroup.ci.areas.load import load_test_areas
 from attngroup.ci.errors import CIInputError, CIInputErrors
 from tests.ci.helpers import run_cli, write_tree
 

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from attngroup.ci.areas import load_test_areas
-from attngroup.ci.config import load_run_config, load_test_area_file
-from attngroup.ci.deps import check_dependencies
-from attngroup.ci.fix import add_dependencies
-from attngroup.ci.imports import REGISTRY, STATIC, ImportGraph
-from attngroup.ci.pytest_commands import pytest_runs
-from attngroup.ci.reach import closures, members
-from attngroup.ci.test_inventory import collected_files, selected_tests
-from tests.ci.helpers import RUN_CONFIG, run_cli, write_tree
+from attngroup.ci.areas.config import load_run_config, load_test_area_file
+from attngroup.ci.areas.load import load_test_areas
+from attngroup.ci.deps.checker import check_dependencies
+from attngroup.ci.deps.fix import add_dependencies
+from attngroup.ci.deps.imports import REGISTRY, STATIC, ImportGraph
+from attngroup.ci.deps.reach import closures, members
+from attngroup.ci.deps.test_inventory import collected_files, selected_tests
+from attngroup.ci.selection.pytest_commands import pytest_runs
+from tests.ci.helpers import RUN_CONFIG, commit_all, init_repo, run_cli, write_tree
 from tests.json_schemas import assert_matches_schema
 
 # The original bug in miniature: the spec-decode step declares the engine but not the backends
@@ -336,6 +336,23 @@ def test_check_deps_json_report(planted):
         "kernels/__init__.py",
     ]
     assert document["orphan_tests"] == ["tests/test_unowned.py"]
+
+
+@pytest.mark.parametrize(
+    "mode", [pytest.param((), id="whole-repository"), pytest.param(("--base", "HEAD~1"), id="base")]
+)
+def test_a_file_that_does_not_parse_is_a_named_warning(planted, mode):
+    write_tree(planted, {"engine/broken.py": "def broken(:\n    pass\n"})
+    init_repo(planted, {})
+    write_tree(planted, {"engine/builder.py": (planted / "engine/builder.py").read_text() + "\n"})
+    commit_all(planted, "touch the builder")
+    result = run_cli("check-deps", "--repo", str(planted), "--json", *mode)
+    document = json.loads(result.stdout)
+    assert_matches_schema(document, "ci-check-deps")
+    assert [item["path"] for item in document["unparsed_files"]] == ["engine/broken.py"]
+    assert "invalid syntax" in document["unparsed_files"][0]["error"]
+    (warning,) = [line for line in result.stderr.splitlines() if "unparsed-file" in line]
+    assert warning.startswith("warning: unparsed-file: engine/broken.py: invalid syntax")
 
 
 def test_static_selection_agrees_with_pytest_collection(planted):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from attngroup.ci.atomic_write import write_atomically
+from attngroup.ci.deps.fix import add_dependencies
 from attngroup.ci.errors import CIInputError
-from attngroup.ci.fix import add_dependencies
 from tests.ci.helpers import RUN_CONFIG, init_repo, run_cli, write_tree
 
 AREA = """\

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from attngroup.ci.config import RunConfig, Step, TestAreas
-from attngroup.ci.lint import lint_warnings
+from attngroup.ci.areas.config import RunConfig, Step, TestAreas
+from attngroup.ci.areas.lint import lint_warnings
 
 
 def _areas(*entries: str) -> TestAreas:

@@ -11,12 +11,17 @@ import jsonschema
 import pytest
 import yaml
 
-from attngroup.ci.buildkite_schema import load_schema, validate_pipeline
-from attngroup.ci.changes import ChangeSet
-from attngroup.ci.config import RunConfig, TestAreas, load_test_area_file
+from attngroup.ci.areas.config import RunConfig, TestAreas, load_test_area_file
 from attngroup.ci.errors import CIInputError
-from attngroup.ci.pipeline import build_pipeline, checked_uploads, count_steps, split_uploads
-from attngroup.ci.selection import Knobs, select_steps
+from attngroup.ci.selection.buildkite_schema import load_schema, validate_pipeline
+from attngroup.ci.selection.changes import ChangeSet
+from attngroup.ci.selection.pipeline import (
+    build_pipeline,
+    checked_uploads,
+    count_steps,
+    split_uploads,
+)
+from attngroup.ci.selection.select_steps import Knobs, select_steps
 from tests.ci.helpers import RUN_CONFIG, init_repo, run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

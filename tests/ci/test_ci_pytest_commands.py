@@ -10,9 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from attngroup.ci.pytest_commands import CommandParseError, PytestRun, pytest_runs, resolve_run
-from attngroup.ci.pytest_options import repository_options
-from attngroup.ci.test_inventory import collected_files, missing_targets, selected_tests
+from attngroup.ci.deps.test_inventory import collected_files, missing_targets, selected_tests
+from attngroup.ci.selection.pytest_commands import (
+    CommandParseError,
+    PytestRun,
+    pytest_runs,
+    resolve_run,
+)
+from attngroup.ci.selection.pytest_options import repository_options
 from tests.ci.helpers import write_tree
 
 VLLM_SHARDS = """\

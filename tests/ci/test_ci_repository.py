@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from attngroup.ci.areas import load_test_areas
-from attngroup.ci.changes import ChangeSet
-from attngroup.ci.config import load_run_config
-from attngroup.ci.deps import check_dependencies
-from attngroup.ci.selection import Knobs, select_steps
+from attngroup.ci.areas.config import load_run_config
+from attngroup.ci.areas.load import load_test_areas
+from attngroup.ci.deps.checker import check_dependencies
+from attngroup.ci.selection.changes import ChangeSet
+from attngroup.ci.selection.select_steps import Knobs, select_steps
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = load_run_config(REPO_ROOT / ".buildkite/ci_config.yaml", ".buildkite/ci_config.yaml")
@@ -59,7 +59,7 @@ def test_every_test_is_run_by_some_step(report):
     assert report.orphan_tests == ()
 
 
-@pytest.mark.parametrize("path", _files_under("kernels"))
+@pytest.mark.parametrize("path", _files_under("attngroup/kernels"))
 def test_kernels_change_selects_spec_decode_steps(path):
     assert _select_for(path) >= SPEC_DECODE_KEYS
 

@@ -6,10 +6,11 @@ import re
 
 import pytest
 
-from attngroup.ci.changes import ChangeSet
-from attngroup.ci.config import RunConfig, Step, TestAreas
+from attngroup.ci.areas.config import RunConfig, Step, TestAreas
+from attngroup.ci.areas.entries import matching_entry
 from attngroup.ci.errors import CIInputError
-from attngroup.ci.selection import Knobs, is_docs_only, matching_entry, select_steps
+from attngroup.ci.selection.changes import ChangeSet
+from attngroup.ci.selection.select_steps import Knobs, is_docs_only, select_steps
 
 
 @pytest.mark.parametrize(

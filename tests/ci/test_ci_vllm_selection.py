@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attngroup.ci.areas import load_test_areas
-from attngroup.ci.changes import ChangeSet
-from attngroup.ci.config import load_run_config
-from attngroup.ci.selection import Knobs, select_steps
+from attngroup.ci.areas.config import load_run_config
+from attngroup.ci.areas.load import load_test_areas
+from attngroup.ci.selection.changes import ChangeSet
+from attngroup.ci.selection.select_steps import Knobs, select_steps
 from tests.ci.helpers import write_tree
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -7,7 +7,7 @@ the label is the mirror's own or ``AMD: <label> (<device>)``, the dependencies a
 the mirror's list and the parent's (a change that runs the NVIDIA step also runs its mirror),
 ``depends_on`` is the mirror's own with ``image-build`` read as ``image-build-amd`` and
 ``image-build-amd`` always first, and ``dind`` defaults to true. Other fields the mirror does
-not override are inherited. Mirrors are added (by ``attngroup.ci.areas``) for the targets the run
+not override are inherited. Mirrors are added (by ``attngroup.ci.areas.load``) for the targets the run
 configuration lists under ``mirrors`` (all of them unless it says otherwise, as in vLLM).
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from attngroup.ci.config import PASSTHROUGH_KEYS, Step
+from attngroup.ci.areas.config import PASSTHROUGH_KEYS, Step
 
 AMD_IMAGE_BUILD = "image-build-amd"
 

@@ -4,7 +4,7 @@ Parsing is most of check-deps' cost (vLLM: about 6,000 files, 85 MB). The facts 
 (its import statements, dotted-path strings, f-string templates) depend only on its bytes,
 so they are cached under the BLAKE2 hash of the content, in one JSON file per repository in
 the user's cache directory (never inside the repository, so read-only trees work and nothing
-needs ignoring). The test inventory of test files is cached the same way (``attngroup.ci.deps``). A cache that cannot be read or parsed is discarded and rebuilt; it is
+needs ignoring). The test inventory of test files is cached the same way (``attngroup.ci.deps.checker``). A cache that cannot be read or parsed is discarded and rebuilt; it is
 replaced atomically, so a crash never leaves half a cache.
 """
 
@@ -21,12 +21,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-FACTS_VERSION = 1
+FACTS_VERSION = 2  # 2: imports carry whether they run inside a function
 PARALLEL_THRESHOLD = 128  # fewer misses than this parse faster in-process
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
 
-# {"imports": [[level, module, [names] | None]], "strings": [...], "templates": [[piece|None]]}
+# {"imports": [[level, module, [names] | None, local]], "strings": [...], "templates": [[piece|None]]}
 Facts = dict[str, Any]
+
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -45,17 +48,17 @@ def facts_of_source(source: bytes) -> Facts:
     imports: list[list] = []
     strings: list[str] = []
     templates: list[list] = []
-    stack: list[ast.AST] = [tree]
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]  # (node, inside a function)
     while stack:
-        node = stack.pop()
+        node, local = stack.pop()
         if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)  # annotations only: not executed at run time
+            stack.extend((child, local) for child in node.orelse)  # annotations only
             continue
         if isinstance(node, ast.Import):
-            imports.extend([0, alias.name, None] for alias in node.names)
+            imports.extend([0, alias.name, None, local] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             names = [alias.name for alias in node.names if alias.name != "*"]
-            imports.append([node.level, node.module or "", names])
+            imports.append([node.level, node.module or "", names, local])
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if _DOTTED.match(node.value):
                 strings.append(node.value)
@@ -65,7 +68,8 @@ def facts_of_source(source: bytes) -> Facts:
             ]
             if pieces[0] is not None:
                 templates.append(pieces)
-        stack.extend(ast.iter_child_nodes(node))
+        inner = local or isinstance(node, _FUNCTIONS)
+        stack.extend((child, inner) for child in ast.iter_child_nodes(node))
     return {"imports": imports, "strings": strings, "templates": templates}
 
 

@@ -20,14 +20,14 @@ The rules and their order follow vLLM's pipeline generator (vllm-project/ci-infr
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from attngroup.ci.changes import ChangeSet
-from attngroup.ci.config import RunConfig, Step, TestAreas, suggest
+from attngroup.ci.areas.config import RunConfig, Step, TestAreas, suggest
+from attngroup.ci.areas.entries import matching_entry
 from attngroup.ci.errors import CIInputError
+from attngroup.ci.selection.changes import ChangeSet
 
 DOCS_FILES = ("mkdocs.yml", "mkdocs.yaml")
 # vLLM's always-run steps (buildkite_step.py; amd.py AMD_ALWAYS_RUN_STEP_KEYS).
@@ -47,30 +47,6 @@ def is_amd_gpu_device(device: str | None) -> bool:
 def is_amd_step(step: Step) -> bool:
     """An AMD mirror or a step that runs on an AMD GPU itself."""
     return step.mirror_target == "amd" or is_amd_gpu_device(step.device)
-
-
-def matches_dependency(entry: str, path: str) -> bool:
-    """vLLM's ``_matches_source_dependency``: the path itself or anything below it."""
-    normalized = entry.rstrip("/")
-    if not normalized:
-        return False
-    return path == normalized or path.startswith(f"{normalized}/")
-
-
-@functools.lru_cache(maxsize=4096)
-def split_dependencies(entries: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(include entries, exclude entries without their '!'); cached, steps reuse their lists."""
-    includes = tuple(entry for entry in entries if not entry.startswith("!"))
-    excludes = tuple(entry[1:] for entry in entries if entry.startswith("!"))
-    return includes, excludes
-
-
-def matching_entry(dependencies: tuple[str, ...], path: str) -> str | None:
-    """The include entry that selects ``path``, or None (also when an exclusion wins)."""
-    includes, excludes = split_dependencies(tuple(dependencies))
-    if any(matches_dependency(entry, path) for entry in excludes):
-        return None
-    return next((entry for entry in includes if matches_dependency(entry, path)), None)
 
 
 def is_docs_only(files: Sequence[str]) -> bool:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attngroup.ci.areas.yaml_source import line_of, load_yaml, to_plain
 from attngroup.ci.errors import CIInputError, CIInputErrors, Location
-from attngroup.ci.yaml_source import line_of, load_yaml, to_plain
 
 # A checker returns None for a good value, else what the value should have been.
 Checker = Callable[[Any], str | None]
@@ -265,6 +265,9 @@ class DependencyCheckConfig:
     test_roots: tuple[str, ...] = ()
     import_roots: tuple[str, ...] = (".",)
     registries: tuple[str, ...] = ()  # files whose dotted-path strings are import edges
+    # Platform module -> the step devices (fnmatch patterns; "default" = no device) it runs on:
+    # on other devices the module is never imported, so no chain passes through it.
+    platforms: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     ignore: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
@@ -504,6 +507,11 @@ DEPENDENCY_CHECK_FIELDS: dict[str, Checker] = {
     "test_roots": _is_str_list,
     "import_roots": _is_str_list,
     "registries": _is_str_list,
+    "platforms": lambda value: (
+        None
+        if isinstance(value, Mapping) and all(_is_str_list(item) is None for item in value.values())
+        else "a mapping of platform module path -> list of step devices"
+    ),
     "ignore": lambda value: (
         None
         if isinstance(value, Mapping) and all(_is_str_map(item) is None for item in value.values())
@@ -570,6 +578,9 @@ def load_run_config(config_path: Path, display_path: str | None = None) -> RunCo
             test_roots=tuple(check_raw.get("test_roots") or ()),
             import_roots=tuple(check_raw.get("import_roots") or (".",)),
             registries=tuple(check_raw.get("registries") or ()),
+            platforms={
+                path: tuple(devices) for path, devices in (check_raw.get("platforms") or {}).items()
+            },
             ignore={key: dict(paths) for key, paths in (check_raw.get("ignore") or {}).items()},
         ),
         external_step_keys=tuple(data.get("external_step_keys") or ()),

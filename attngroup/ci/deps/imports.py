@@ -13,6 +13,7 @@ it would make every test depend on every model.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 from collections import deque
@@ -20,12 +21,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attngroup.ci.parse_cache import Facts, parse_files
-from attngroup.ci.reach import closures
+from attngroup.ci.deps.parse_cache import Facts, parse_files
+from attngroup.ci.deps.reach import closures
 
 SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "build", "dist", "venv", "site-packages"})
 STATIC = "static"
 REGISTRY = "registry"
+MODULE_LEVEL = "module"  # static edges minus function-local imports: they run on import
 
 
 def iter_python_files(repo_root: Path, under: str = ".") -> Iterator[str]:
@@ -91,7 +93,10 @@ class ImportGraph:
     path_modules: dict[str, str] = field(default_factory=dict)  # path -> module name
     facts: dict[str, Facts] = field(default_factory=dict)
     _edges: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
-    _closures: dict[tuple[str, ...], tuple[dict[str, int], list[int]]] = field(default_factory=dict)
+    _local_only: dict[str, frozenset[str]] = field(default_factory=dict)  # function-local targets
+    _closures: dict[tuple[tuple[str, ...], frozenset[str]], tuple[dict[str, int], list[int]]] = (
+        field(default_factory=dict)
+    )
 
     @classmethod
     def scan(
@@ -134,8 +139,9 @@ class ImportGraph:
         name = self.path_modules.get(path, module_name(path))
         return name if path.endswith("__init__.py") else name.rpartition(".")[0]
 
-    def _imported_names(self, path: str) -> Iterator[str]:
-        for level, module, names in self._facts(path)["imports"]:
+    def _imported_names(self, path: str) -> Iterator[tuple[str, bool]]:
+        """(dotted name, imported inside a function) of each import of ``path``."""
+        for level, module, names, local in self._facts(path)["imports"]:
             if level:
                 package = self._package_of(path).split(".")
                 keep = len(package) - (level - 1)
@@ -143,9 +149,9 @@ class ImportGraph:
             else:
                 base = module
             if base:
-                yield base
+                yield base, local
             for name in names or ():
-                yield f"{base}.{name}" if base else name
+                yield (f"{base}.{name}" if base else name), local
 
     def _string_targets(self, path: str) -> Iterator[str]:
         facts = self._facts(path)
@@ -167,63 +173,107 @@ class ImportGraph:
                     yield from self._prefix_modules(name)
 
     def edges(self, path: str, kind: str = STATIC) -> tuple[str, ...]:
-        """Repository files that importing ``path`` executes directly, by edge kind (cached)."""
+        """Repository files that importing ``path`` executes directly, by edge kind (cached);
+        static edges include function-local imports (:meth:`edge_symbol` tells them apart)."""
         key = (path, kind)
         if key not in self._edges:
             targets: dict[str, None] = {}
             if kind == STATIC:
+                module_level: set[str] = set()
                 package = self.path_modules.get(path, "").rpartition(".")[0]
                 if package:
+                    module_level.update(self._prefix_modules(package))
                     targets.update(dict.fromkeys(self._prefix_modules(package)))
-                for dotted in self._imported_names(path):
-                    targets.update(dict.fromkeys(self._prefix_modules(dotted)))
+                for dotted, local in self._imported_names(path):
+                    found = self._prefix_modules(dotted)
+                    targets.update(dict.fromkeys(found))
+                    if not local:
+                        module_level.update(found)
+                self._local_only[path] = frozenset(targets) - module_level - {path}
+            elif kind == MODULE_LEVEL:
+                static = self.edges(path, STATIC)
+                targets.update(dict.fromkeys(t for t in static if t not in self._local_only[path]))
             elif path in self.registries:
                 targets.update(dict.fromkeys(self._string_targets(path)))
             targets.pop(path, None)
             self._edges[key] = tuple(targets)
         return self._edges[key]
 
-    def _successors(self, path: str, kinds: tuple[str, ...]) -> Iterator[str]:
+    def edge_symbol(self, source: str, target: str) -> str:
+        """``->`` a module-level import, ``~>`` only a function-local one (runs when that
+        function is called), ``=>`` only a registry string."""
+        if target not in self.edges(source, STATIC):
+            return "=>"
+        return "~>" if target in self._local_only[source] else "->"
+
+    def format_chain(self, chain: tuple[str, ...]) -> str:
+        """``a -> b ~> c => d``: each edge with its kind."""
+        parts = [chain[0]]
+        for source, target in itertools.pairwise(chain):
+            parts.extend((self.edge_symbol(source, target), target))
+        return " ".join(parts)
+
+    def _successors(
+        self, path: str, kinds: tuple[str, ...], excluded: frozenset[str] = frozenset()
+    ) -> Iterator[str]:
+        if path in excluded:
+            return
         for kind in kinds:
-            yield from self.edges(path, kind)
+            yield from (target for target in self.edges(path, kind) if target not in excluded)
 
     @functools.cached_property
     def nodes(self) -> tuple[str, ...]:
         """Indexed paths in bit order for :meth:`reach`."""
         return tuple(sorted(self.path_modules))
 
-    def _bits(self, kinds: tuple[str, ...]) -> tuple[dict[str, int], list[int]]:
-        if kinds not in self._closures:
+    def _bits(
+        self, kinds: tuple[str, ...], excluded: frozenset[str]
+    ) -> tuple[dict[str, int], list[int]]:
+        if (kinds, excluded) not in self._closures:
             position = {path: index for index, path in enumerate(self.nodes)}
             successors = [
-                [position[target] for target in self._successors(path, kinds) if target in position]
+                [
+                    position[target]
+                    for target in self._successors(path, kinds, excluded)
+                    if target in position
+                ]
                 for path in self.nodes
             ]
-            self._closures[kinds] = (position, closures(successors))
-        return self._closures[kinds]
+            self._closures[(kinds, excluded)] = (position, closures(successors))
+        return self._closures[(kinds, excluded)]
 
-    def reach(self, roots: Iterable[str], kinds: tuple[str, ...] = (STATIC,)) -> int:
-        """Bitset (bit i = ``nodes[i]``) of every indexed file the roots make Python run."""
-        position, reachable = self._bits(kinds)
+    def reach(
+        self,
+        roots: Iterable[str],
+        kinds: tuple[str, ...] = (STATIC,),
+        excluded: frozenset[str] = frozenset(),
+    ) -> int:
+        """Bitset (bit i = ``nodes[i]``) of every indexed file the roots make Python run;
+        ``excluded`` files (platform modules of other devices) are neither reached nor followed."""
+        position, reachable = self._bits(kinds, excluded)
         bits = 0
         for root in roots:
+            if root in excluded:
+                continue
             if root in position:
                 bits |= reachable[position[root]]
             else:
-                for target in self._successors(root, kinds):
+                for target in self._successors(root, kinds, excluded):
                     if target in position:
                         bits |= reachable[position[target]]
         return bits
 
-    def chain(self, roots: Iterable[str], target: str) -> tuple[tuple[str, ...], str]:
-        """The shortest import chain root -> ... -> ``target``, and its kind (``registry``
-        when no static chain exists). Stops as soon as ``target`` is reached."""
-        for kinds in ((STATIC,), (STATIC, REGISTRY)):
-            parents: dict[str, str | None] = dict.fromkeys(roots)
+    def chain(
+        self, roots: Iterable[str], target: str, excluded: frozenset[str] = frozenset()
+    ) -> tuple[tuple[str, ...], str]:
+        """The shortest import chain root -> ... -> ``target`` avoiding ``excluded``, and its
+        kind (``registry`` when no static chain exists). Stops once ``target`` is reached."""
+        for kinds in ((MODULE_LEVEL,), (STATIC,), (STATIC, REGISTRY)):
+            parents: dict[str, str | None] = dict.fromkeys(r for r in roots if r not in excluded)
             queue = deque(parents)
             while queue and target not in parents:
                 path = queue.popleft()
-                for successor in self._successors(path, kinds):
+                for successor in self._successors(path, kinds, excluded):
                     if successor not in parents:
                         parents[successor] = path
                         queue.append(successor)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from attngroup.ci.buildkite_schema import load_schema, validate_pipeline
-from attngroup.ci.config import RunConfig, Step, TestAreas
+from attngroup.ci.areas.config import RunConfig, Step, TestAreas
 from attngroup.ci.errors import CIInputError
-from attngroup.ci.selection import Selection
+from attngroup.ci.selection.buildkite_schema import load_schema, validate_pipeline
+from attngroup.ci.selection.select_steps import Selection
 
 MAX_STEPS_PER_UPLOAD = 500
 

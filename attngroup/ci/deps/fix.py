@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from attngroup.ci.areas.config import derive_step_key
 from attngroup.ci.atomic_write import write_atomically
-from attngroup.ci.config import derive_step_key
 from attngroup.ci.errors import CIInputError, Location
 
 _PLAIN = re.compile(r"[\w./-]+")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from attngroup.ci.config import RunConfig, TestAreas
-from attngroup.ci.selection import matches_dependency, split_dependencies
+from attngroup.ci.areas.config import RunConfig, TestAreas
+from attngroup.ci.areas.entries import matches_dependency, split_dependencies
 
 # A '.' not preceded by a backslash and not part of '.*' / '.+' / '.?'.
 _BARE_DOT = re.compile(r"(?<!\\)\.(?![*+?{])")

@@ -4,7 +4,7 @@ Buildkite runs a step's commands as one script, so ``cd`` carries over; ``workin
 (absolute under ``workspace_root``, or repository-relative) is where it starts. Commands are
 split as a shell splits them: quotes may span lines, a backslash joins lines, ``#`` starts a
 comment. An option's value is never a test path: which options take values is read from
-pytest, its installed plugins and the repository's own ``addoption`` calls (``attngroup.ci.pytest_options``).
+pytest, its installed plugins and the repository's own ``addoption`` calls (``attngroup.ci.selection.pytest_options``).
 Given the repository (``repo_root``), shell globs in test paths are expanded against the tree,
 as the shell would; ``resolve_run`` does that for a run parsed without it.
 """
@@ -18,7 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from attngroup.ci.pytest_options import PytestOptions, installed_options, repository_options
+from attngroup.ci.selection.pytest_options import (
+    PytestOptions,
+    installed_options,
+    repository_options,
+)
 
 _WRAPPERS = frozenset({"timeout", "env", "time", "nohup", "xvfb-run", "uv", "poetry", "pdm"})
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", ";;"})

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from attngroup.ci.parse_cache import cached_map, content_key
-from attngroup.ci.test_inventory import TestFunction, conftest_chain, tests_in_file
+from attngroup.ci.deps.parse_cache import cached_map, content_key
+from attngroup.ci.deps.test_inventory import TestFunction, conftest_chain, tests_in_file
 
 
 def _tests_of(item: str) -> list[dict[str, Any]]:

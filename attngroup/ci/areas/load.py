@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from attngroup.ci.config import (
+from attngroup.ci.areas.config import (
     Problems,
     RunConfig,
     Step,
@@ -22,8 +22,8 @@ from attngroup.ci.config import (
     load_test_area_file,
     suggest,
 )
+from attngroup.ci.areas.mirrors import mirror_key, mirror_step
 from attngroup.ci.errors import CIInputError, CIInputErrors, Location
-from attngroup.ci.mirrors import mirror_key, mirror_step
 
 
 def _check_unique_keys(steps: list[Step], problems: Problems) -> dict[str, Step]:

@@ -22,9 +22,9 @@ from pathlib import Path
 # pytest's own -k/-m grammar (private module; SyntaxError on bad input since pytest 8.4).
 from _pytest.mark.expression import Expression
 
-from attngroup.ci.imports import iter_python_files
-from attngroup.ci.pytest_commands import PytestRun, resolve_run
-from attngroup.ci.pytest_commands import clear_caches as clear_resolved_runs
+from attngroup.ci.deps.imports import iter_python_files
+from attngroup.ci.selection.pytest_commands import PytestRun, resolve_run
+from attngroup.ci.selection.pytest_commands import clear_caches as clear_resolved_runs
 
 DYNAMIC_MARKER_HINTS = ("add_marker", "pytest_collection_modifyitems")
 DYNAMIC_ID_HINTS = ("pytest_generate_tests", "params=")

@@ -8,9 +8,23 @@ and entries, never one record per gap, so it stays small.
 
 from __future__ import annotations
 
-from attngroup.ci.deps import DependencyReport, MissedTrigger, StepReport, example_chain
-from attngroup.ci.imports import REGISTRY, STATIC, ImportGraph
-from attngroup.ci.selection import Selection
+import itertools
+from collections import Counter
+
+from attngroup.ci.deps.checker import (
+    COVERED,
+    TIER_NAMED,
+    TIER_STATIC,
+    TIER_WEAK,
+    TIERS,
+    DependencyReport,
+    MissedTrigger,
+    StepReport,
+    example_chain,
+)
+from attngroup.ci.deps.imports import REGISTRY, STATIC, ImportGraph
+from attngroup.ci.deps.runtime_coverage import RanThisCode
+from attngroup.ci.selection.select_steps import Selection
 
 TOP_STEPS = 10  # steps shown in detail without --verbose
 TOP_ENTRIES = 3  # entries to add shown per step without --verbose
@@ -47,7 +61,7 @@ def format_report(report: DependencyReport, graph: ImportGraph, verbose: bool = 
         ):
             lines.append(f"    add {entry!r}: covers {count} {kind} gaps")
             if position == 0:
-                lines.append(f"        {' -> '.join(example_chain(graph, step, entry))}")
+                lines.append(f"        {graph.format_chain(example_chain(graph, step, entry))}")
         if len(entries) > TOP_ENTRIES and not verbose:
             lines.append(f"    ... {len(entries) - TOP_ENTRIES} more entries (-v lists all)")
         lines.extend(f"    declared path does not exist: {item}" for item in step.missing_declared)
@@ -111,38 +125,133 @@ def report_json(report: DependencyReport, graph: ImportGraph) -> dict:
         "steps": steps,
         "orphan_tests": list(report.orphan_tests),
         "stale_ignores": list(report.stale_ignores),
+        "unparsed_files": unparsed_json(graph),
     }
 
 
-def format_missed(missed: list[MissedTrigger], selection: Selection, verbose: bool = False) -> str:
-    """The pull-request question, per changed file: which unselected steps import it, each
-    with the chain that proves it (shortest chains first; the first ten unless verbose)."""
-    new = [item for item in missed if not item.known]
+def unparsed_warnings(graph: ImportGraph) -> list[str]:
+    """One named warning per file check-deps could not parse: a syntax error or an unreadable file
+    contributes no imports, so a gap through it would otherwise go unseen without a word."""
+    return [
+        f"unparsed-file: {path}: {error} (check-deps sees no imports in it)"
+        for path, error in sorted(graph.parse_errors.items())
+    ]
+
+
+def unparsed_json(graph: ImportGraph) -> list[dict[str, str]]:
+    return [{"path": path, "error": error} for path, error in sorted(graph.parse_errors.items())]
+
+
+def format_ran_this_code(ran: list[RanThisCode], source: str, verbose: bool = False) -> list[str]:
+    """The runtime tier, first: steps whose tests executed a changed line, one line each with
+    the first test and changed line as evidence."""
+    unselected = sum(not item.selected for item in ran)
+    lines = [f"ran this code ({source}): {len(ran)} steps, {unselected} not selected"]
+    for item in ran if verbose else ran[:TOP_STEPS]:
+        tag = "selected" if item.selected else "MISSED"
+        more = f" (+{len(item.tests) - 1} tests)" if len(item.tests) > 1 else ""
+        lines.append(
+            f"  [{tag}] {item.key} ({item.location}): {len(item.lines)} changed lines, "
+            f"e.g. {item.lines[0]}, by {item.tests[0]}{more}"
+        )
+    if len(ran) > TOP_STEPS and not verbose:
+        lines.append(f"  ... {len(ran) - TOP_STEPS} more steps (-v or --json lists all)")
+    return lines
+
+
+def ran_this_code_json(ran: list[RanThisCode]) -> list[dict]:
+    return [
+        {
+            "step": item.key,
+            "location": item.location,
+            "selected": item.selected,
+            "tests": list(item.tests),
+            "lines": list(item.lines),
+        }
+        for item in ran
+    ]
+
+
+TIER_HEADINGS = {
+    TIER_STATIC: "(a) its tests import it, on the step's device",
+    TIER_NAMED: "(b) its tests or their helpers name the module, a class of it or its registry key",
+    TIER_WEAK: "(c) only registry strings or function-local imports reach it",
+}
+TIER_GROUPS = {TIER_STATIC: 8, TIER_NAMED: 4, TIER_WEAK: 2}  # chain groups shown without -v
+GROUP_KEYS = 3  # step keys named per chain group without -v
+
+
+def _groups(items: list[MissedTrigger]) -> list[list[MissedTrigger]]:
+    """Items with the same chain after the test file and the same entry to add, together;
+    largest groups first."""
+    grouped: dict[tuple, list[MissedTrigger]] = {}
+    for item in sorted(items, key=lambda item: (len(item.chain), item.key)):
+        grouped.setdefault((item.chain[1:], item.suggestion), []).append(item)
+    return sorted(grouped.values(), key=lambda group: (-len(group), len(group[0].chain)))
+
+
+def _group_lines(group: list[MissedTrigger], graph: ImportGraph, verbose: bool) -> list[str]:
+    shown = group if verbose else group[:GROUP_KEYS]
+    keys = ", ".join(f"{item.key} ({item.location})" for item in shown)
+    more = f" and {len(group) - len(shown)} more" if len(group) > len(shown) else ""
+    tag = "known" if all(item.known for item in group) else "MISSED"
+    count = f"{len(group)} steps: " if len(group) > 1 else ""
+    return [
+        f"  [{tag}] {count}{keys}{more}: add {group[0].suggestion!r}",
+        f"      {graph.format_chain(group[0].chain)}",
+    ]
+
+
+def format_missed(
+    missed: list[MissedTrigger], selection: Selection, graph: ImportGraph, verbose: bool = False
+) -> str:
+    """The pull-request question, per changed file and tier: which unselected steps reach it,
+    identical chains once with the number of steps behind them (-v lists every step); steps
+    that already cover the file are counted as covered, never as missed."""
+    new = [item for item in missed if not item.known and item.tier != COVERED]
+    counts = Counter(item.tier for item in missed)
     lines = [
         f"check-deps --base {selection.base}: {len(selection.changed_files)} changed files; "
-        f"{len({item.key for item in new})} unselected steps import them"
+        f"{len({item.key for item in new})} unselected steps reach them ("
+        + ", ".join(f"{tier}: {counts[tier]}" for tier in TIERS)
+        + f"); {counts[COVERED]} already cover them"
     ]
     by_path: dict[str, list[MissedTrigger]] = {}
     for item in missed:
         by_path.setdefault(item.path, []).append(item)
     for path, items in by_path.items():
-        items.sort(key=lambda item: (item.known, len(item.chain), item.key))
-        lines.append(f"{path}: imported by {len(items)} unselected steps")
-        for item in items if verbose else items[:TOP_STEPS]:
-            tag = "known" if item.known else "MISSED"
+        lines.append(f"{path}:")
+        for tier in TIERS:
+            tier_items = [item for item in items if item.tier == tier]
+            if not tier_items:
+                continue
+            lines.append(f" {TIER_HEADINGS[tier]}: {len(tier_items)} steps")
+            groups = _groups(tier_items)
+            for group in groups if verbose else groups[: TIER_GROUPS[tier]]:
+                lines.extend(_group_lines(group, graph, verbose))
+            if len(groups) > TIER_GROUPS[tier] and not verbose:
+                hidden = sum(len(group) for group in groups[TIER_GROUPS[tier] :])
+                lines.append(f"  ... {hidden} more steps by other chains (-v or --json lists all)")
+        covered = [item for item in items if item.tier == COVERED]
+        if covered:
+            nightly = sum(item.nightly for item in covered)
             lines.append(
-                f"  [{tag}] {item.key} ({item.location}, {item.kind}): add {item.suggestion!r}"
+                f" covered: {len(covered)} steps already list an entry for it"
+                + (f" ({nightly} covered, runs nightly)" if nightly else "")
             )
-            lines.append(f"      {' -> '.join(item.chain)}")
-        if len(items) > TOP_STEPS and not verbose:
-            lines.append(f"  ... {len(items) - TOP_STEPS} more steps (-v or --json lists all)")
+            if verbose:
+                lines.extend(
+                    f"  {item.key} ({item.location})"
+                    + (": covered, runs nightly" if item.nightly else "")
+                    for item in covered
+                )
     lines.append("missed triggers FOUND" if new else "no missed triggers")
     return "\n".join(lines)
 
 
-def missed_json(missed: list[MissedTrigger], selection: Selection) -> dict:
+def missed_json(missed: list[MissedTrigger], selection: Selection, graph: ImportGraph) -> dict:
     return {
-        "ok": not any(not item.known for item in missed),
+        "ok": not any(not item.known and item.tier != COVERED for item in missed),
         "base": selection.base,
         "changed_files": list(selection.changed_files),
         "missed": [
@@ -152,6 +261,9 @@ def missed_json(missed: list[MissedTrigger], selection: Selection) -> dict:
                 "path": item.path,
                 "kind": item.kind,
                 "chain": list(item.chain),
+                "edges": [graph.edge_symbol(a, b) for a, b in itertools.pairwise(item.chain)],
+                "tier": item.tier,
+                "nightly": item.nightly,
                 "add": item.suggestion,
                 "known": item.known,
             }

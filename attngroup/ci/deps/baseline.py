@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attngroup.ci.atomic_write import write_atomically
-from attngroup.ci.deps import DependencyReport, StepReport
+from attngroup.ci.deps.checker import DependencyReport, StepReport
 from attngroup.ci.errors import CIInputError
 
 FORMAT = "ci-check-deps-baseline/1"

@@ -5,25 +5,34 @@ closure of those files, their conftest.py chain and installed pytest plugins -> 
 paths. Reachable paths that no ``source_file_dependencies`` entry covers are gaps: a change
 there would not select the step (the missed attention-backend -> spec-decode rule). Gaps are
 *static* (an import chain reaches them) or *registry* (only a registry's dotted-path string
-does); closures are bitsets (``attngroup.ci.reach``), so a vLLM-sized tree takes seconds.
+does); closures are bitsets (``attngroup.ci.deps.reach``), so a vLLM-sized tree takes seconds.
 """
 
 from __future__ import annotations
 
+import ast
+import fnmatch
+import functools
+import re
 import tomllib
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attngroup.ci.config import RunConfig, Step, TestAreas
-from attngroup.ci.errors import CIInputError
-from attngroup.ci.imports import REGISTRY, STATIC, ImportGraph, import_root_problems
-from attngroup.ci.inventory_cache import TestInventory
-from attngroup.ci.pytest_commands import CommandParseError, PytestRun, pytest_runs
-from attngroup.ci.reach import members
-from attngroup.ci.selection import Selection, matches_dependency, split_dependencies
-from attngroup.ci.test_inventory import (
+from attngroup.ci.areas.config import RunConfig, Step, TestAreas
+from attngroup.ci.areas.entries import matches_dependency, matching_entry, split_dependencies
+from attngroup.ci.deps.imports import (
+    MODULE_LEVEL,
+    REGISTRY,
+    STATIC,
+    ImportGraph,
+    import_root_problems,
+)
+from attngroup.ci.deps.inventory_cache import TestInventory
+from attngroup.ci.deps.reach import members
+from attngroup.ci.deps.runtime_coverage import LineTests, RanThisCode
+from attngroup.ci.deps.test_inventory import (
     TestFunction,
     clear_caches,
     collected_files,
@@ -32,6 +41,9 @@ from attngroup.ci.test_inventory import (
     missing_targets,
     selected_tests,
 )
+from attngroup.ci.errors import CIInputError
+from attngroup.ci.selection.pytest_commands import CommandParseError, PytestRun, pytest_runs
+from attngroup.ci.selection.select_steps import Selection
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,7 @@ class StepReport:
     missing_declared: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()  # unparseable commands, missing test paths, empty filters
     ignored: tuple[tuple[str, str], ...] = ()  # (path, reason)
+    off_platform: frozenset[str] = frozenset()  # platform modules its device never imports
 
     @property
     def ok(self) -> bool:
@@ -82,6 +95,16 @@ class DependencyReport:
         return all(step.ok for step in self.steps) and not self.orphan_tests
 
 
+# Tiers of change-mode evidence, strongest first (``MissedTrigger.tier``).
+TIER_STATIC = "a"  # the step's tests import the file, by imports that run on its device
+TIER_NAMED = (
+    "b"  # its test files or their helpers name the module, a class of it or its registry key
+)
+TIER_WEAK = "c"  # only registry strings or imports of a package reach it
+COVERED = "covered"  # an entry already covers the file; the step is unselected for another reason
+TIERS = (TIER_STATIC, TIER_NAMED, TIER_WEAK)
+
+
 @dataclass(frozen=True)
 class MissedTrigger:
     """A changed file that an unselected step's tests import: the step should have run."""
@@ -93,6 +116,8 @@ class MissedTrigger:
     chain: tuple[str, ...]  # test file (or conftest/plugin) -> ... -> the changed file
     suggestion: str
     known: bool = False  # recorded in the baseline
+    tier: str = TIER_STATIC
+    nightly: bool = False  # an optional step: it runs nightly
 
 
 @dataclass(frozen=True)
@@ -258,6 +283,11 @@ class DependencyChecker:
             for path in check.registries
             if not (path.endswith(".py") and (repo_root / path).is_file())
         ]
+        problems += [
+            f"platforms entry {path!r} is not a Python file of the repository"
+            for path in check.platforms
+            if not (path.endswith(".py") and (repo_root / path).is_file())
+        ]
         unknown = sorted(set(check.ignore) - {step.key for step in areas.steps})
         if unknown:
             problems.append(f"ignore names unknown steps {unknown}")
@@ -278,16 +308,27 @@ class DependencyChecker:
             for step in areas.steps
         }
 
-    def _reach(self, scope: _Scope) -> tuple[int, int]:
-        """(files reached statically, files reached by any edge) as bitsets."""
-        static = self.graph.reach(scope.roots, (STATIC,))
-        return static, static | self.graph.reach(scope.roots, (STATIC, REGISTRY))
+    def off_platform(self, step: Step) -> frozenset[str]:
+        """The platform modules that never run on the step's device (``platforms``)."""
+        device = step.device or "default"
+        return frozenset(
+            path
+            for path, devices in self.config.dependency_check.platforms.items()
+            if not any(fnmatch.fnmatchcase(device, pattern) for pattern in devices)
+        )
+
+    def _reach(self, step: Step) -> tuple[int, int]:
+        """(files reached statically, files reached by any edge) as bitsets, on the step's
+        device."""
+        roots, excluded = self.scopes[step.key].roots, self.off_platform(step)
+        static = self.graph.reach(roots, (STATIC,), excluded)
+        return static, static | self.graph.reach(roots, (STATIC, REGISTRY), excluded)
 
     def check_step(
         self, step: Step, selected: dict[str, set[str]], inventory: TestInventory
     ) -> StepReport:
         scope = self.scopes[step.key]
-        static, reachable = self._reach(scope)
+        static, reachable = self._reach(step)
         covered = self.coverage.covered(step.dependencies)
         outside = self.coverage.all & ~(reachable | covered)
         known: dict[str, str | None] = {}
@@ -316,6 +357,7 @@ class DependencyChecker:
             missing_declared=tuple(_missing_declared(step, self.repo_root)),
             problems=tuple(problems),
             ignored=tuple(ignored),
+            off_platform=self.off_platform(step),
         )
 
     def check_all(self) -> DependencyReport:
@@ -329,11 +371,8 @@ class DependencyChecker:
         selected: dict[str, set[str]] = {}
         reports = [self.check_step(step, selected, inventory) for step in self.areas.steps]
         closures = {
-            report.key: frozenset(
-                self.graph.nodes[index]
-                for index in members(self._reach(self.scopes[report.key])[1])
-            )
-            for report in reports
+            step.key: frozenset(self.graph.nodes[index] for index in members(self._reach(step)[1]))
+            for step in self.areas.steps
         }
         used = {(report.key, path) for report in reports for path, _ in report.ignored}
         stale = [
@@ -353,16 +392,18 @@ class DependencyChecker:
         )
 
     def missed_triggers(self, selection: Selection) -> list[MissedTrigger]:
-        """Each unselected step whose imports reach a changed file, with the chain."""
+        """Each unselected step whose imports reach a changed file on its device, with the
+        chain and the tier of the evidence; a step an entry already covers is ``covered``."""
         position = {path: index for index, path in enumerate(self.graph.nodes)}
         changed = [path for path in selection.changed_files if path in position]
         chosen = selection.selected_keys()
+        names = {path: self._names_of(path) for path in changed}
         missed = []
         for step in self.areas.steps:
             if step.key in chosen or not changed:
                 continue
             scope = self.scopes[step.key]
-            reachable = self._reach(scope)[1]
+            reachable = self._reach(step)[1]
             ignores = self.config.dependency_check.ignore.get(step.key, {})
             hits = [
                 path
@@ -374,8 +415,17 @@ class DependencyChecker:
             covered = self.coverage.covered(step.dependencies)
             outside = self.coverage.all & ~(reachable | covered)
             known: dict[str, str | None] = {}
+            excluded = self.off_platform(step)
             for path in hits:
-                chain, kind = self.graph.chain(scope.roots, path)
+                chain, kind = self.graph.chain(scope.roots, path, excluded)
+                if matching_entry(step.dependencies, path) is not None:
+                    tier = COVERED
+                elif self.graph.reach(scope.roots, (MODULE_LEVEL,), excluded) >> position[path] & 1:
+                    tier = TIER_STATIC
+                elif self._tests_name(scope, names[path]):
+                    tier = TIER_NAMED
+                else:
+                    tier = TIER_WEAK
                 missed.append(
                     MissedTrigger(
                         step.key,
@@ -384,9 +434,140 @@ class DependencyChecker:
                         kind,
                         chain,
                         self.coverage.suggest(path, outside, known),
+                        tier=tier,
+                        nightly=step.optional,
                     )
                 )
         return missed
+
+    def _names_of(self, path: str) -> frozenset[str]:
+        """What a test would write to mean ``path``: its module name, its top-level classes
+        and the registry keys whose dotted strings point into it."""
+        module = self.graph.path_modules.get(path, "")
+        names = {module} if module else set()
+        names.update(top_level_classes(self.repo_root / path))
+        for registry in self.config.dependency_check.registries:
+            names.update(registry_keys(self.repo_root / registry, module))
+        return frozenset(name for name in names if name)
+
+    def _tests_name(self, scope: _Scope, names: frozenset[str]) -> bool:
+        """Whether the step's test files, or the non-test helpers they import under the test
+        roots, contain one of ``names`` as a word."""
+        if not names:
+            return False
+        pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b")
+        files = set(scope.test_files)
+        for test_file in scope.test_files:
+            files.update(
+                target
+                for target in self.graph.edges(test_file, STATIC)
+                if not target.startswith(self._package_roots)
+            )
+        return any(pattern.search(_text(self.repo_root / path)) for path in files)
+
+    @functools.cached_property
+    def _package_roots(self) -> tuple[str, ...]:
+        """Top-level folders that hold product code, not test helpers (not under test roots)."""
+        roots = self.config.dependency_check.test_roots or self.settings.testpaths or ()
+        return tuple(
+            f"{name}/"
+            for name in {path.split("/")[0] for path in self.graph.nodes if "/" in path}
+            if not any(name == root.rstrip("/").split("/")[0] for root in roots)
+        )
+
+    def steps_running(self, node_ids: set[str]) -> dict[str, set[str]]:
+        """Test node id -> keys of the steps whose pytest commands run it (-k, -m and node-id
+        arguments applied as in the whole-repository check)."""
+        files = {node.partition("::")[0] for node in node_ids}
+        inventory = TestInventory(self.repo_root, sorted(files), self.cache_dir)
+        running: dict[str, set[str]] = defaultdict(set)
+        for step in self.areas.steps:
+            for run, run_files in self.scopes[step.key].runs:
+                wanted = [path for path in run_files if path in files]
+                if not wanted:
+                    continue
+                try:
+                    tests = selected_tests(self.repo_root, run, wanted, inventory)
+                except ValueError:  # a bad -k/-m expression: a problem of the step, reported there
+                    continue
+                for test in tests:
+                    if test.node_id in node_ids:
+                        running[test.node_id].add(step.key)
+        return running
+
+    def ran_this_code(
+        self, selection: Selection, line_tests: LineTests, lines: Mapping[str, Iterable[int]]
+    ) -> list[RanThisCode]:
+        """Steps whose tests executed a changed line when the coverage data was recorded,
+        most changed lines first, then fewest tests (the most specific evidence)."""
+        tests = line_tests.tests_for(lines)
+        running = self.steps_running(set(tests))
+        per_step: dict[str, set[str]] = defaultdict(set)
+        for test, keys in running.items():
+            for key in keys:
+                per_step[key].add(test)
+        steps = self.areas.by_key()
+        chosen = selection.selected_keys()
+        found = [
+            RanThisCode(
+                key=key,
+                location=f"{steps[key].file}:{steps[key].line}",
+                selected=key in chosen,
+                tests=tuple(sorted(step_tests)),
+                lines=tuple(sorted({line for test in step_tests for line in tests[test]})),
+            )
+            for key, step_tests in per_step.items()
+        ]
+        return sorted(found, key=lambda item: (-len(item.lines), len(item.tests), item.key))
+
+
+@functools.lru_cache(maxsize=4096)
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def top_level_classes(path: Path) -> list[str]:
+    """Names of the classes a module defines at its top level (none if it does not parse)."""
+    try:
+        tree = ast.parse(_text(path))
+    except (SyntaxError, ValueError):
+        return []
+    return [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+
+
+def registry_keys(registry: Path, module: str) -> list[str]:
+    """Keys of a registry whose dotted-path string points into ``module``: enum members or
+    constants (``TRITON_ATTN = "vllm...triton_attn.TritonAttentionBackend"``) and dict keys."""
+    if not module:
+        return []
+    try:
+        tree = ast.parse(_text(registry))
+    except (SyntaxError, ValueError):
+        return []
+
+    def names_module(value: ast.expr | None) -> bool:
+        return (
+            isinstance(value, ast.Constant)
+            and isinstance(value.value, str)
+            and (value.value == module or value.value.startswith(f"{module}."))
+        )
+
+    keys = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and names_module(node.value):
+            keys.extend(target.id for target in node.targets if isinstance(target, ast.Name))
+        elif isinstance(node, ast.Dict):
+            keys.extend(
+                key.value
+                for key, value in zip(node.keys, node.values, strict=True)
+                if isinstance(key, ast.Constant)
+                and isinstance(key.value, str)
+                and names_module(value)
+            )
+    return keys
 
 
 def check_dependencies(
@@ -434,4 +615,4 @@ def suggested_entries(step: StepReport) -> list[str]:
 def example_chain(graph: ImportGraph, step: StepReport, entry: str) -> tuple[str, ...]:
     """The shortest import chain to the first gap that ``entry`` would cover."""
     path = next(gap.path for gap in step.gaps if gap.suggestion == entry)
-    return graph.chain(step.roots, path)[0]
+    return graph.chain(step.roots, path, step.off_platform)[0]

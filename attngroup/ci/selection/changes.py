@@ -116,3 +116,33 @@ def compute_changes(
     return ChangeSet(
         base=base, head=head_name, merge_base=merge_base, files=tuple(dict.fromkeys(files))
     )
+
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", re.MULTILINE)
+
+
+def _old_lines(patch: str) -> frozenset[int]:
+    """Base-side line numbers a unified ``-U0`` patch touches: the lines it rewrites or deletes,
+    and for a pure insertion the lines on both sides of it (code that ran there runs beside it)."""
+    lines: set[int] = set()
+    for match in _HUNK.finditer(patch):
+        start, count = int(match.group(1)), int(match.group(2) or "1")
+        lines.update(range(start, start + count) if count else (start, start + 1))
+    return frozenset(line for line in lines if line > 0)
+
+
+def changed_lines(repo_root: Path, changes: ChangeSet) -> dict[str, frozenset[int]]:
+    """Per changed path, the lines of its base version the change touches (empty for a new
+    file). Runtime coverage was recorded on the base, so these are the lines to look up."""
+    if not changes.known or changes.merge_base is None:
+        return {}
+    revisions = [changes.merge_base] + ([changes.head] if changes.head != "WORKTREE" else [])
+    lines = {}
+    for path in changes.files or ():
+        diff = _git(
+            repo_root, "diff", "-U0", "--no-ext-diff", "--no-renames", *revisions, "--", path
+        )
+        if diff.returncode != 0:
+            raise CIInputError(f"git diff of {path} failed: {diff.stderr.strip()}")
+        lines[path] = _old_lines(diff.stdout)
+    return lines

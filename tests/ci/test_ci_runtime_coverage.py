@@ -1,0 +1,186 @@
+"""check-deps --coverage: coverage.py data with per-test contexts maps a changed line to the
+tests that executed it, and those to the steps that run them, ahead of the static evidence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attngroup.ci.deps.runtime_coverage import node_of_context
+from tests.ci.helpers import RUN_CONFIG, commit_all, init_repo, run_cli
+from tests.json_schemas import assert_matches_schema
+
+GROUPING = """\
+def group_key(layer):
+    if layer.get("draft"):
+        return ("draft", layer["heads"])
+    return ("target", layer["heads"])
+
+
+def group_sizes(layers):
+    return [layer["heads"] for layer in layers]
+"""
+DRAFT_LINE = 3  # executed only by the draft test
+
+# Three steps over one engine: every test imports engine.grouping (the static evidence names all
+# three), but only the draft test executes the draft branch.
+STEPS = {
+    "draft": "tests/draft/test_draft.py",
+    "target": "tests/target/test_target.py",
+    "sizes": "tests/sizes/test_sizes.py",
+}
+TREE = {
+    ".buildkite/ci_config.yaml": RUN_CONFIG + "dependency_check:\n  test_roots: [tests]\n",
+    ".buildkite/test_areas/engine.yaml": "group: Engine\nsteps:\n"
+    + "".join(
+        f"  - label: {key}\n    key: {key}\n    device: cpu\n"
+        f"    source_file_dependencies:\n      - {test_file.rpartition('/')[0]}/\n"
+        f"    commands:\n      - python -m pytest {test_file}\n"
+        for key, test_file in STEPS.items()
+    ),
+    "engine/__init__.py": "",
+    "engine/grouping.py": GROUPING,
+    "tests/__init__.py": "",
+    "tests/draft/__init__.py": "",
+    "tests/draft/test_draft.py": (
+        "from engine.grouping import group_key\n\n"
+        "def test_draft_layer_groups_apart():\n"
+        "    assert group_key({'draft': True, 'heads': 4}) == ('draft', 4)\n"
+    ),
+    "tests/target/__init__.py": "",
+    "tests/target/test_target.py": (
+        "import pytest\nfrom engine.grouping import group_key\n\n"
+        "@pytest.mark.parametrize('heads', [4, 8])\n"
+        "def test_target_layer(heads):\n"
+        "    assert group_key({'heads': heads}) == ('target', heads)\n"
+    ),
+    "tests/sizes/__init__.py": "",
+    "tests/sizes/test_sizes.py": (
+        "from engine.grouping import group_sizes\n\n"
+        "def test_sizes():\n    assert group_sizes([{'heads': 2}]) == [2]\n"
+    ),
+}
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> tuple[Path, Path]:
+    """The tree committed, and coverage data of all its tests recorded with per-test contexts."""
+    repo = init_repo(tmp_path / "repo", TREE)
+    data = tmp_path / "coverage-data"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "pytest_cov",
+            "--cov=engine",
+            "--cov-context=test",
+            "--cov-report=",
+            "tests",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COVERAGE_FILE": str(data), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return repo, data
+
+
+def _change_line(repo: Path, path: str, line: int) -> None:
+    lines = (repo / path).read_text().splitlines(keepends=True)
+    lines[line - 1] = lines[line - 1].rstrip("\n") + "  # changed\n"
+    (repo / path).write_text("".join(lines))
+    commit_all(repo, f"change {path}:{line}")
+
+
+@pytest.mark.parametrize(
+    ("context", "test"),
+    [
+        pytest.param("tests/a.py::test_x|run", "tests/a.py::test_x", id="run"),
+        pytest.param(
+            "tests/a.py::TestA::test_x[4-8]|setup", "tests/a.py::TestA::test_x", id="param"
+        ),
+        pytest.param("", None, id="outside-tests"),
+    ],
+)
+def test_context_names_fold_phases_and_parametrizations(context, test):
+    assert node_of_context(context) == test
+
+
+def test_a_line_only_one_test_runs_puts_exactly_its_step_first(recorded):
+    repo, data = recorded
+    _change_line(repo, "engine/grouping.py", DRAFT_LINE)
+    result = run_cli("check-deps", "--repo", str(repo), "--base", "HEAD~1", "--coverage", str(data))
+    assert result.exit_code == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"ran this code ({data}): 1 steps, 1 not selected"
+    assert lines[1].startswith("  [MISSED] draft (.buildkite/test_areas/engine.yaml:")
+    assert f"e.g. engine/grouping.py:{DRAFT_LINE}, by tests/draft/test_draft.py::" in lines[1]
+    # The static evidence still names every step that imports the file, after the runtime tier.
+    assert "3 unselected steps reach them (a: 3, b: 0, c: 0)" in lines[2]
+
+
+def test_a_line_every_target_test_runs_names_that_step_with_both_parametrizations(recorded):
+    repo, data = recorded
+    _change_line(repo, "engine/grouping.py", 4)  # the target return: both target cases run it
+    result = run_cli(
+        "check-deps", "--repo", str(repo), "--base", "HEAD~1", "--coverage", str(data), "--json"
+    )
+    document = json.loads(result.stdout)
+    assert_matches_schema(document, "ci-check-deps")
+    assert [(item["step"], item["tests"]) for item in document["ran_this_code"]] == [
+        ("target", ["tests/target/test_target.py::test_target_layer"])
+    ]
+    assert document["ok"] is False
+
+
+def test_coverage_without_test_contexts_is_refused_with_the_recording_command(recorded, tmp_path):
+    repo, _ = recorded
+    plain = tmp_path / "plain-data"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "pytest_cov",
+            "--cov=engine",
+            "--cov-report=",
+            "tests",
+        ],
+        cwd=repo,
+        capture_output=True,
+        env={**os.environ, "COVERAGE_FILE": str(plain), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        check=True,
+    )
+    _change_line(repo, "engine/grouping.py", DRAFT_LINE)
+    result = run_cli(
+        "check-deps", "--repo", str(repo), "--base", "HEAD~1", "--coverage", str(plain)
+    )
+    assert result.exit_code == 2
+    assert "--cov-context=test" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param(("--coverage", "missing-file"), id="no-base"),
+        pytest.param(("--base", "HEAD~1", "--coverage", "missing-file"), id="missing-file"),
+    ],
+)
+def test_bad_coverage_arguments_exit_2(recorded, arguments):
+    repo, _ = recorded
+    _change_line(repo, "engine/grouping.py", DRAFT_LINE)
+    result = run_cli("check-deps", "--repo", str(repo), *arguments)
+    assert result.exit_code == 2
+    assert "--coverage" in result.stderr
