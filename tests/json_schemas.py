@@ -85,5 +85,9 @@ def assert_refuses_planted_fault(instance: Any, name: str, path: tuple, value: o
 
 def fault_id(path: tuple, value: object) -> str:
     """A readable test id: the path and what was planted there."""
-    what = "missing" if value is MISSING else type(value).__name__
+    numbers = value if isinstance(value, list) else [value]
+    negative = any(
+        isinstance(n, (int, float)) and not isinstance(n, bool) and n < 0 for n in numbers
+    )
+    what = "missing" if value is MISSING else "negative" if negative else type(value).__name__
     return f"{'.'.join(map(str, path))}-{what}"

@@ -84,6 +84,21 @@ def test_bad_pairs_file_exits_2_with_file_and_field(tmp_path, capsys):
     assert f"{path}: pairs[0].target:" in err
 
 
+@pytest.mark.parametrize("field", ["draft_kv", "backend", "description"])
+def test_pairs_file_field_present_but_empty_exits_2_naming_it(tmp_path, capsys, field):
+    """An empty value is refused, not read as "use the default"."""
+    configs = ROOT / "attngroup" / "suites" / "data" / "configs"
+    path = tmp_path / "pairs.yaml"
+    path.write_text(
+        "pairs:\n"
+        f"  - name: a\n    target: {configs / 'qwen3-window-target' / 'config.json'}\n"
+        f"    draft: {configs / 'qwen3-window-draft' / 'config.json'}\n"
+        f"    method: draft_model\n    {field}: ''\n"
+    )
+    assert main(["inspect", "a", "--pairs", str(path)]) == 2
+    assert f"{path}: pairs[0].{field}: empty" in capsys.readouterr().err
+
+
 def test_generate_runs_a_pair_from_a_pairs_file():
     # Its own process: on the CPU the KV write needs the Triton interpreter, which must be
     # chosen before triton is imported (a GPU machine's test process has imported it).

@@ -246,6 +246,26 @@ def test_threshold_option_silences_a_regression(records):
     )
 
 
+@pytest.mark.parametrize(
+    ("recorded", "options", "expected"),
+    [
+        pytest.param(0.5, [], EXIT_OK, id="recorded-50pct"),
+        pytest.param(0.5, ["--threshold", "decode=10%"], EXIT_REGRESSION, id="cli-beats-record"),
+        pytest.param(0.1, ["--threshold", "decode=50%"], EXIT_OK, id="cli-beats-stricter-record"),
+        pytest.param(0.5, ["--default-threshold", "10%"], EXIT_OK, id="record-beats-default"),
+    ],
+)
+def test_command_line_threshold_wins_over_the_run_records(tmp_path, recorded, options, expected):
+    """A metric 20 % slower whose run record carries its own threshold: a matching
+    ``--threshold`` decides, then the recorded one, then ``--default-threshold``."""
+    paths = []
+    for run_id, value in (("baseline", 1.0), ("current", 1.2)):
+        run = make_run(metrics=(make_metric(value=value, threshold=recorded),), run_id=run_id)
+        paths.append(write_record(run, tmp_path / f"{run_id}.json"))
+    argv = ["compare", "--run", str(paths[1]), "--baseline", str(paths[0]), *options]
+    assert main(argv) == expected
+
+
 def test_archive_keeps_the_newest_runs(records, tmp_path):
     history = tmp_path / "history"
     for name in ("baseline", "current", "clean"):

@@ -100,6 +100,25 @@ def test_metric_without_samples_judged_by_threshold_only(
             "regression",
             id="override-not-matching",
         ),
+        pytest.param(
+            ThresholdPolicy(overrides=(("^decode", 0.1),)),
+            0.5,
+            "regression",
+            id="cli-10pct-beats-recorded-50pct",
+        ),
+        pytest.param(
+            ThresholdPolicy(overrides=(("^decode", 0.5),)),
+            0.1,
+            "unchanged",
+            id="cli-50pct-beats-recorded-10pct",
+        ),
+        pytest.param(ThresholdPolicy(default=0.5), 0.1, "regression", id="recorded-beats-default"),
+        pytest.param(
+            ThresholdPolicy(default=0.5, overrides=(("^decode", 0.1), ("decode", 0.5))),
+            None,
+            "regression",
+            id="first-override-wins",
+        ),
     ],
 )
 def test_per_metric_threshold(policy, recorded_threshold, verdict):

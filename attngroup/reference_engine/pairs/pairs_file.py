@@ -12,7 +12,8 @@ pairs:
 ```
 
 ``load_pairs_file`` checks everything before returning (unknown keys, missing
-paths, unknown methods, configs transformers cannot read, duplicate names)
+paths, unknown methods, configs transformers cannot read, duplicate names, optional
+fields present but empty)
 and raises ``PairsFileError`` naming the file, the entry and the field.
 ``register_pairs_file`` adds the pairs to ``MODEL_PAIRS`` so every suite, the
 ``inspect`` and the ``generate`` commands see them. ``AGC_PAIRS`` names a file
@@ -59,6 +60,9 @@ def _pair_of(path: Path, index: int, entry: object, seen: set[str]) -> ModelPair
     for key in REQUIRED_KEYS:
         if not isinstance(entry.get(key), str) or not entry[key]:
             raise PairsFileError(f"{where}.{key}: missing (a string is required)")
+    for key in OPTIONAL_KEYS:  # present means meant: an empty value is not "the default"
+        if key in entry and (not isinstance(entry[key], str) or not entry[key].strip()):
+            raise PairsFileError(f"{where}.{key}: empty (give a value or leave the field out)")
     unknown = sorted(set(entry) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
     if unknown:
         raise PairsFileError(

@@ -220,6 +220,10 @@ def _entry(**fields) -> dict:
         ([_entry(name="gemma4-e2b-mtp")], "pairs[0].name: 'gemma4-e2b-mtp' is already defined"),
         ([_entry(window=3)], "pairs[0].window: unknown field"),
         ([{"name": "x"}], "pairs[0].target: missing"),
+        ([_entry(draft_kv="")], "pairs[0].draft_kv: empty"),
+        ([_entry(backend="")], "pairs[0].backend: empty"),
+        ([_entry(description=None)], "pairs[0].description: empty"),
+        ([_entry(method="")], "pairs[0].method: missing"),
     ],
     ids=[
         "missing-path",
@@ -228,6 +232,10 @@ def _entry(**fields) -> dict:
         "registered-name",
         "unknown-key",
         "no-target",
+        "empty-draft-kv",
+        "empty-backend",
+        "empty-description",
+        "empty-method",
     ],
 )
 def test_bad_pairs_file_names_file_entry_and_field(tmp_path, entries, expected):

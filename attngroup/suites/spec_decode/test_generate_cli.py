@@ -75,6 +75,9 @@ SUMMARY_FAULTS = [
     (("acceptance_rate",), 1.5),
     (("tokens_per_second",), None),
     (("ms_per_step", "verify"), -1.0),
+    (("wall_seconds",), -0.1),
+    (("preemptions",), -1),
+    (("draft_tokens",), -3),
     (("ms_per_step", "draft"), MISSING),
 ]
 
