@@ -234,7 +234,6 @@ def bugzoo(session: nox.Session) -> None:
         "python",
         "-m",
         "attngroup.bugzoo",
-        "--table",
         "--json",
         str(OUT / "bugzoo" / "results.json"),
         *session.posargs,

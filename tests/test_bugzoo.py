@@ -17,6 +17,10 @@ from attngroup.bugzoo.__main__ import main
 from attngroup.bugzoo.zoo import ZooError, load_entries, markdown_table, run_zoo
 from tests.json_schemas import assert_file_matches_schema
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DOCS_PAGE = REPO_ROOT / "docs" / "bugzoo.md"
+TABLE_START = "<!-- generated: python -m attngroup.bugzoo --table -->"
+TABLE_END = "<!-- end of the generated table -->"
 SOURCE = "def add(a, b):\n    return a + b\n"
 TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
 
@@ -79,9 +83,6 @@ def test_caught_and_uncaught_patches(repo: Path) -> None:
     assert [(o.id, o.caught) for o in outcomes] == [("subtracts", True), ("comment", False)]
     assert outcomes[1].verdict.startswith("NOT CAUGHT")
     assert (repo / "calc.py").read_text() == SOURCE, "the runner touched the repository"
-    table = markdown_table(load_entries(zoo / "entries.yaml"), outcomes)
-    assert "| `comment`: comment planted | this test | the tiny repository |" in table
-    assert "NOT CAUGHT" in table
 
 
 def test_an_uncaught_patch_fails_the_zoo(repo: Path, capsys: pytest.CaptureFixture) -> None:
@@ -135,3 +136,35 @@ def test_bad_entries_name_the_problem(repo: Path, change: dict, message: str) ->
         load_entries(zoo / "entries.yaml")
     assert message in str(raised.value)
     assert main(["--root", str(repo), "--zoo", str(zoo)]) == 2
+
+
+def test_table_lists_the_entries_without_running_them(
+    repo: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``--table`` prints every entry and runs nothing: an uncaught patch and a failing
+    baseline do not change its exit status or output."""
+    uncaught = make_patch(repo, "comment", SOURCE + "# harmless\n")
+    (repo / "test_calc.py").write_text(TEST.replace("== 5", "== 6"))
+    zoo = write_entries(
+        repo, [entry("comment", uncaught), {**entry("b", uncaught), "kind": "historical"}]
+    )
+    assert main(["--root", str(repo), "--zoo", str(zoo), "--table"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("2 entries: 1 historical, 1 mutations.")
+    assert (
+        "| `comment`: comment planted | this test | the tiny repository | `test_calc.py::test_add` |"
+        in out
+    )
+    assert "baseline" not in out and "caught" not in out
+    assert not (repo / "out").exists()
+
+
+def test_docs_table_is_the_generated_one() -> None:
+    """docs/bugzoo.md's table is ``python -m attngroup.bugzoo --table``'s output, verbatim."""
+    page = DOCS_PAGE.read_text(encoding="utf-8")
+    assert page.count(TABLE_START) == 1 and page.count(TABLE_END) == 1
+    documented = page.split(TABLE_START)[1].split(TABLE_END)[0].strip()
+    generated = markdown_table(load_entries(REPO_ROOT / "attngroup" / "bugzoo" / "entries.yaml"))
+    assert documented == generated, (
+        "docs/bugzoo.md is stale: paste `python -m attngroup.bugzoo --table` between its markers"
+    )
