@@ -154,6 +154,11 @@ class _PagedWrapper:
                 f"q has {query.shape[1]} heads of size {query.shape[2]}, but the wrapper was "
                 f"planned for {num_qo_heads} query heads of size {head_dim}"
             )
+        rows = int(self._pages(plan).qo_indptr[-1])
+        if query.shape[0] != rows:  # FlashInfer's own row check (flashinfer #2801)
+            raise PlanMismatchError(
+                f"q.shape[0] ({query.shape[0]}) does not match qo_indptr[-1] ({rows})"
+            )
         if key_cache.shape[1:] != (page_size, num_kv_heads, head_dim):
             raise PlanMismatchError(
                 f"paged KV cache {tuple(key_cache.shape)} does not fit the plan's page size "

@@ -273,3 +273,85 @@ def test_standin_run_matches_the_oracle(flashinfer_standin_module: ModuleType) -
     )
     error = (output.double() - expected).norm() / expected.norm()
     assert error < 1e-2  # bfloat16 output
+
+
+def _mixed_head_layer_sets() -> list:
+    """Every pair and TP size whose attention groups differ in query heads."""
+    return [param for param in layer_sets() if len(_heads_of(*param.values)) > 1]
+
+
+def _heads_of(name: str, tp: int) -> set[int]:
+    return {layer.num_heads_q for layer in describe(name, tp) if layer.is_attention}
+
+
+@pytest.mark.parametrize(("name", "tp"), _mixed_head_layer_sets())
+def test_each_group_keeps_its_plan_while_the_others_plan(
+    flashinfer_standin_module: ModuleType, name: str, tp: int
+) -> None:
+    """As a runner step does: every group's builder plans the step, then every layer runs.
+    A planner shared across groups (SGLang #32062: the last plan() overwrote the others)
+    serves a layer another group's heads or window."""
+    layers = describe(name, tp)
+    plan = plan_grouping(layers, GroupingPolicy.SPLIT_BY_Q_HEADS, dtype=DTYPE)
+    by_name = {layer.name: layer for layer in layers}
+    groups = [
+        entry.group
+        for row in plan.attention_groups
+        for entry in row
+        if entry.group.backend is FlashInferBackend
+    ]
+    for step in STEPS:
+        built = []
+        for group in groups:
+            group.create_metadata_builders(by_name, "cpu", strict=True, **BUILDER_OPTIONS)
+            common = step_metadata(plan, group.kv_cache_group_id, step)
+            built.append((group, common, group.get_metadata_builder().build(common)))
+        problems = [
+            problem
+            for group, common, metadata in built
+            for layer_name in group.layer_names
+            for problem in run_violations(
+                by_name[layer_name], group.kv_cache_spec, common, metadata, step
+            )
+        ]
+        assert problems == []
+
+
+def test_standin_run_leaves_padded_rows_alone(flashinfer_standin_module: ModuleType) -> None:
+    """A padded step (CUDA-graph or DP padding: more query rows than ``query_start_loc``
+    counts): the impl hands FlashInfer only the real rows, which FlashInfer checks
+    (``q.shape[0]`` against ``qo_indptr[-1]``), and the padded output rows stay untouched."""
+    layer = _softcap_layers(1)[2]
+    plan = plan_grouping([layer], "split", dtype=DTYPE)
+    (entry,) = plan.attention_groups[0]
+    entry.group.create_metadata_builders({layer.name: layer}, "cpu", **BUILDER_OPTIONS)
+    seq_lens, query_lens = STEPS["verify"]
+    real = step_metadata(plan, 0, "verify")
+    padded = CommonAttentionMetadata.from_seq_lens(
+        seq_lens,
+        query_lens,
+        real.block_table,
+        entry.group.kv_cache_spec.block_size,
+        "cpu",
+        num_tokens_padded=real.num_actual_tokens + 3,
+    )
+    spec = entry.group.kv_cache_spec
+    generator = torch.Generator().manual_seed(2)
+    shape = (64, spec.block_size, spec.num_kv_heads, spec.head_size)
+    key_cache = torch.randn(shape, generator=generator).to(DTYPE)
+    value_cache = torch.randn(shape, generator=generator).to(DTYPE)
+    query = torch.randn(real.num_actual_tokens + 3, 4, 128, generator=generator).to(DTYPE)
+    outputs = []
+    for common, rows in ((real, real.num_actual_tokens), (padded, query.shape[0])):
+        output = poisoned_like(query[:rows])
+        metadata = entry.group.get_metadata_builder().build(common)
+        FlashInferImpl(layer.attention_params()).forward(
+            query[:rows], key_cache, value_cache, metadata, output
+        )
+        outputs.append(output)
+    unpadded, padded_output = outputs
+    num_real = real.num_actual_tokens
+    assert padded_output[num_real:].isnan().all(), "padded rows were written"
+    assert torch.equal(padded_output[:num_real], unpadded)
+    with pytest.raises(PlanMismatchError, match=r"q.shape\[0\] \(3\) does not match"):
+        metadata.wrapper.run(query[:3], (key_cache, value_cache))
