@@ -116,6 +116,11 @@ def test_three_hop_chain_reads_the_roots_cache_tensors(three_hop_chain):
             mine is root for mine, root in zip(kv_caches[sharer], kv_caches["root"], strict=True)
         )
     assert kv_caches["small"][0] is not kv_caches["root"][0]
+    (group,) = plan.kv_cache_groups
+    for owner in ("small", "root"):  # each its own layout, not the group's first layer's
+        spec = group.spec_for(owner)
+        expected = (2, spec.block_size, spec.num_kv_heads, spec.head_size)
+        assert [tuple(t.shape) for t in kv_caches[owner]] == [expected, expected], owner
 
 
 def test_resolved_descriptions_are_not_resolved_again(three_hop_chain):
