@@ -168,3 +168,16 @@ def test_docs_table_is_the_generated_one() -> None:
     assert documented == generated, (
         "docs/bugzoo.md is stale: paste `python -m attngroup.bugzoo --table` between its markers"
     )
+
+
+def test_default_root_is_the_repository_the_patches_are_against() -> None:
+    """The patches name paths from the repository root (attngroup/..., schemas/...), so
+    the default tree to copy is that root, where pyproject.toml is."""
+    from attngroup.bugzoo.__main__ import REPOSITORY, ZOO
+
+    assert (REPOSITORY / "pyproject.toml").is_file()
+    for entry_ in load_entries(ZOO / "entries.yaml"):
+        patch = (ZOO / entry_.patch).read_text(encoding="utf-8")
+        for line in patch.splitlines():
+            if line.startswith("+++ b/"):
+                assert (REPOSITORY / line.removeprefix("+++ b/")).is_file(), (entry_.id, line)

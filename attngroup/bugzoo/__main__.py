@@ -15,11 +15,12 @@ from pathlib import Path
 from attngroup.bugzoo.zoo import ZooError, load_entries, markdown_table, run_zoo, write_results
 
 ZOO = Path(__file__).resolve().parent
+REPOSITORY = ZOO.parents[1]  # the patches are diffs against the repository root
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m attngroup.bugzoo", description=__doc__)
-    parser.add_argument("--root", type=Path, default=ZOO.parent, help="repository to copy")
+    parser.add_argument("--root", type=Path, default=REPOSITORY, help="repository to copy")
     parser.add_argument("--zoo", type=Path, default=ZOO, help="folder with entries.yaml")
     parser.add_argument("--only", nargs="*", default=(), metavar="ID", help="entries to run")
     parser.add_argument("-n", "--workers", type=int, default=2, help="pytest-xdist workers")
