@@ -119,6 +119,18 @@ def test_a_failing_baseline_fails_the_zoo(repo: Path, capsys: pytest.CaptureFixt
     assert "FAILED baseline: FAILS unpatched" in capsys.readouterr().err
 
 
+def test_a_named_test_skipped_unpatched_fails_the_zoo(
+    repo: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A skipped test passes pytest but can catch nothing: the baseline fails."""
+    patch = make_patch(repo, "subtracts", SOURCE.replace("a + b", "a - b"))
+    skipping = "import pytest\n\n\n@pytest.mark.skip(reason='off')\n" + TEST.split("\n\n\n")[1]
+    (repo / "test_calc.py").write_text(TEST.split("\n\n\n")[0] + "\n\n\n" + skipping)
+    zoo = write_entries(repo, [entry("subtracts", patch)])
+    assert main(["--root", str(repo), "--zoo", str(zoo), "-n", "0"]) == 1
+    assert "FAILED baseline: FAILS unpatched: 1 named tests skipped" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

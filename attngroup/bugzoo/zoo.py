@@ -139,6 +139,14 @@ def run_tests(
     return result.returncode, _failed_tests(junit), time.perf_counter() - started, output
 
 
+def _skipped_tests(junit: Path) -> int:
+    """Test cases skipped in a JUnit XML file (0 when there is none)."""
+    if not junit.is_file():
+        return 0
+    root = ElementTree.parse(junit).getroot()
+    return sum(1 for case in root.iter("testcase") if case.find("skipped") is not None)
+
+
 def _failed_tests(junit: Path) -> int:
     """Test cases that failed or errored in a JUnit XML file (0 when there is none)."""
     if not junit.is_file():
@@ -198,13 +206,14 @@ def run_zoo(
         tests = list(dict.fromkeys(test for entry in entries for test in entry.tests))
         log(f"baseline: {len(tests)} test selections on the unpatched tree")
         status, _, seconds, output = run_tests(tree, tests, workers, budget * len(entries))
-        baseline = Outcome(
-            "baseline",
-            status == 0,
-            round(seconds, 1),
-            "passes" if status == 0 else f"FAILS unpatched (pytest exit {status})",
-            output,
-        )
+        skipped = _skipped_tests(tree / "out" / "bugzoo-junit.xml")
+        if status != 0:
+            verdict = f"FAILS unpatched (pytest exit {status})"
+        elif skipped:  # a test that does not run unpatched cannot catch the patch either
+            verdict = f"FAILS unpatched: {skipped} named tests skipped"
+        else:
+            verdict = "passes"
+        baseline = Outcome("baseline", verdict == "passes", round(seconds, 1), verdict, output)
         log(f"baseline: {baseline.verdict} in {baseline.seconds} s")
         outcomes = []
         for entry in entries:
