@@ -242,3 +242,14 @@ def test_lint_passes_here_and_strict_rejects_legacy_keys(tmp_path):
     strict = run_cli("lint", "--repo", str(repo), "--strict")
     assert strict.exit_code == 2
     assert "legacy key 'num_gpus'" in strict.stderr
+
+
+def test_omit_keeps_an_unselected_dependency_behind_its_block():
+    from tests.ci.test_ci_selection import AREAS, CONFIG
+
+    selection = select_steps(AREAS, CONFIG, ChangeSet("main", "HEAD", "b", ("kernels/x.py",)))
+    assert "build" not in selection.selected_keys()  # kernels depends on it
+    document = build_pipeline(AREAS, selection, CONFIG, "omit")
+    _assert_schema_valid(document)
+    keys = [step["key"] for step in document["steps"][0]["steps"]]
+    assert keys == ["block-build", "build", "kernels", "spec-decode"]

@@ -1,7 +1,7 @@
 """Selection on vLLM 0.34.0's own CI files matches vLLM's pipeline generator.
 
 Two checks per change: the harness agrees with ``vllm_generator_selection`` (a literal
-transcription of vllm-project/ci-infra ``buildkite/pipeline_generator/``: step.py
+transcription of vllm-project/ci-infra main at commit 3e4cfe4, ``buildkite/pipeline_generator/``: step.py
 ``read_steps_from_job_dir``, buildkite_step.py ``_step_should_run`` / ``_generate_step_key`` /
 mirror creation, amd.py ``_amd_mirror_should_run`` / ``normalize_amd_depends_on``,
 global_config.py ``_should_run_all``, pipeline_generator.py ``is_docs_only_change``), which reads
@@ -59,8 +59,12 @@ def _matches(dependencies: list[str] | None, files: list[str]) -> bool:
     )
 
 
+# amd.py AMD_DEVICE_CONFIGS at 3e4cfe4 (mi355_dpx, used by vLLM 0.34.0, is not among them).
+AMD_DEVICE_CONFIGS = {f"mi{gpu}_{count}" for gpu in (250, 300, 325, 355) for count in (1, 2, 4, 8)}
+
+
 def _is_amd_gpu(device: str | None) -> bool:
-    return bool(device) and re.fullmatch(r"mi\d+_\w+", device) is not None
+    return device in AMD_DEVICE_CONFIGS
 
 
 def vllm_generator_selection(root: Path, files: list[str]) -> set[str]:
@@ -74,8 +78,7 @@ def vllm_generator_selection(root: Path, files: list[str]) -> set[str]:
             for path in files
         )
 
-    run_all = run_all_for(config["run_all_patterns"])
-    amd_run_all = run_all_for(config.get("amd_run_all_patterns", []))
+    run_all = run_all_for(config["run_all_patterns"])  # amd_run_all_patterns: not read
     docs = [
         p.startswith("docs/") or p.endswith(".md") or p in {"mkdocs.yml", "mkdocs.yaml"}
         for p in files
@@ -99,7 +102,7 @@ def vllm_generator_selection(root: Path, files: list[str]) -> set[str]:
                         ]
                     steps.append(step)
 
-    def should_run(step: dict, key: str | None, amd: bool) -> bool:
+    def should_run(step: dict, key: str | None) -> bool:
         if key and (
             key.startswith("image-build") or key in {"ensure-ci-base-amd", "refresh-rocm-base-amd"}
         ):
@@ -112,15 +115,14 @@ def vllm_generator_selection(root: Path, files: list[str]) -> set[str]:
             and ".buildkite/scripts/hardware_ci/run-amd-test.sh" in files
         ):
             return True
-        if run_all or (amd_run_all and amd):
+        if run_all:
             return True
         return _matches(step.get("source_file_dependencies"), files)
 
-    selected, depends_on = set(), {}
+    selected = set()
     for step in steps:
         key = step.get("key") or _generate_step_key(step["label"])
-        depends_on[key] = step.get("depends_on") or []
-        if should_run(step, step.get("key"), _is_amd_gpu(step.get("device"))):
+        if should_run(step, step.get("key")):
             selected.add(key)
         amd = (step.get("mirror") or {}).get("amd")
         if amd:
@@ -134,20 +136,9 @@ def vllm_generator_selection(root: Path, files: list[str]) -> set[str]:
                     *(step.get("source_file_dependencies") or []),
                 ],
             }
-            mirror_depends_on = [
-                "image-build-amd" if item == "image-build" else item
-                for item in amd.get("depends_on") or []
-            ]
-            depends_on[f"amd-{key}"] = ["image-build-amd", *mirror_depends_on]
-            if should_run(effective, None, True) or "docker/Dockerfile.rocm_base" in files:
+            if should_run(effective, None) or "docker/Dockerfile.rocm_base" in files:
                 selected.add(f"amd-{key}")
-    pending = list(selected)
-    while pending:  # ci-infra #371: a selected step's dependencies run too
-        for dependency in depends_on.get(pending.pop(), []):
-            if dependency not in selected:
-                selected.add(dependency)
-                pending.append(dependency)
-    return selected
+    return selected  # depends_on are pulled only for ONLY_STEP_KEYS
 
 
 @pytest.fixture(scope="module")
@@ -162,16 +153,59 @@ def _selected(vllm_areas, files: list[str]) -> set[str]:
     return selection.selected_keys()
 
 
+BACKENDS = "vllm/v1/attention/backends"
 CHANGES = {
-    "attention-backend": ["vllm/v1/attention/backends/flash_attn.py"],
+    "backend-triton": [f"{BACKENDS}/triton_attn.py"],
+    "backend-flash": [f"{BACKENDS}/flash_attn.py"],
+    "backend-flashinfer": [f"{BACKENDS}/flashinfer.py"],
+    "three-backends": [
+        f"{BACKENDS}/{name}.py" for name in ("triton_attn", "flash_attn", "flashinfer")
+    ],
+    "v2-attn-utils": ["vllm/v1/worker/gpu/attn_utils.py"],
+    "v2-spec-decode-init": ["vllm/v1/worker/gpu/spec_decode/__init__.py"],
+    "speculative-config": ["vllm/config/speculative.py"],
+    "model-gemma4-mtp": ["vllm/model_executor/models/gemma4_mtp.py"],
+    "model-qwen3-next": ["vllm/model_executor/models/qwen3_next.py"],
+    "model-llama-eagle": ["vllm/model_executor/models/llama_eagle.py"],
+    "platform-rocm": ["vllm/platforms/rocm.py"],
+    "kv-transfer-excluded": ["vllm/distributed/kv_transfer/__init__.py"],
+    "api-server": ["vllm/entrypoints/openai/api_server.py"],
+    "kv-cache-utils": ["vllm/v1/core/kv_cache_utils.py"],
+    "eagle-proposer": ["vllm/v1/spec_decode/eagle.py"],
+    "test-eagle": ["tests/v1/spec_decode/test_eagle.py"],
+    "test-attention-selector": ["tests/kernels/attention/test_attention_selector.py"],
+    "test-new": ["tests/v1/spec_decode/test_new_proposer.py"],
+    "test-renamed": ["tests/v1/core/test_kv_cache_utils.py", "tests/v1/core/test_kv_cache_util.py"],
+    "tests-conftest": ["tests/conftest.py"],
+    "deleted-backend": [f"{BACKENDS}/flex_attention.py"],
+    "docs-readme": ["docs/README.md"],
+    "root-readme": ["README.md"],
+    "mkdocs": ["mkdocs.yaml"],
     "docs-only": ["docs/usage/faq.md", "README.md"],
+    "docs-and-code": ["docs/usage/faq.md", "vllm/config/speculative.py"],
     "test-area-yaml": [".buildkite/test_areas/spec_decode.yaml"],
-    "cmakelists": ["CMakeLists.txt"],
-    "rocm-base-dockerfile": ["docker/Dockerfile.rocm_base"],
     "hardware-cpu-yaml": [".buildkite/hardware_tests/cpu.yaml"],
-    "csrc-amd-run-all": ["csrc/attention/attention_kernels.cu"],
+    "image-build-yaml": [".buildkite/image_build/image_build.yaml"],
+    "ci-config": [".buildkite/ci_config.yaml"],
     "amd-test-wrapper": [".buildkite/scripts/hardware_ci/run-amd-test.sh"],
+    "cmakelists": ["CMakeLists.txt"],
+    "cmake-hipify": ["cmake/hipify.py"],
+    "csrc-cache-kernels": ["csrc/cache_kernels.cu"],
+    "csrc-cpu": ["csrc/cpu/attention.cpp"],
+    "csrc-rocm": ["csrc/rocm/attention.cu"],
+    "requirements-common": ["requirements/common.txt"],
+    "requirements-rocm": ["requirements/rocm.txt"],
+    "requirements-test-cuda": ["requirements/test/cuda.txt"],
+    "dockerfile": ["docker/Dockerfile"],
+    "dockerfile-rocm": ["docker/Dockerfile.rocm"],
+    "rocm-base-dockerfile": ["docker/Dockerfile.rocm_base"],
+    "setup-py": ["setup.py"],
+    "pyproject": ["pyproject.toml"],
 }
+
+
+def test_the_table_holds_at_least_40_changes():
+    assert len(CHANGES) >= 40
 
 
 @pytest.mark.parametrize("files", CHANGES.values(), ids=CHANGES.keys())
@@ -200,7 +234,7 @@ def test_test_area_yaml_runs_its_non_optional_steps_and_their_mirrors(vllm_areas
 
 
 def test_backend_change_runs_the_spec_decode_steps(vllm_areas):
-    selected = _selected(vllm_areas, CHANGES["attention-backend"])
+    selected = _selected(vllm_areas, CHANGES["backend-flash"])
     assert {"v1-spec-decode", "amd-v1-spec-decode", "spec-decode-mtp-gemma4"} <= selected
     assert "cpu-kernel-tests" not in selected  # lists only the AMX MLA backend file
 
@@ -219,12 +253,27 @@ def test_cmakelists_runs_every_non_optional_step(vllm_areas):
     assert {step.key for step in areas.steps if not step.optional} <= selected
 
 
-def test_csrc_runs_every_amd_step_but_not_every_nvidia_step(vllm_areas):
+def test_amd_run_all_patterns_does_not_run_every_amd_step(vllm_areas):
+    """0.34.0's config lists csrc/ in amd_run_all_patterns; ci-infra main (3e4cfe4) never reads
+    the key, so a csrc/ change runs only the steps whose entries name it."""
     _, areas = vllm_areas
-    selected = _selected(vllm_areas, CHANGES["csrc-amd-run-all"])
+    selected = _selected(vllm_areas, CHANGES["csrc-cache-kernels"])
+    assert "amd-v1-spec-decode" not in selected and "v1-spec-decode" not in selected
     amd = {s.key for s in areas.steps if s.mirror_target == "amd" and not s.optional}
-    assert amd <= selected
-    assert "v1-spec-decode" not in selected and "amd-v1-spec-decode" in selected
+    assert selected & amd < amd
+
+
+def test_amd_test_wrapper_runs_native_amd_gpu_steps_but_not_mi355_dpx(vllm_areas):
+    _, areas = vllm_areas
+    selected = _selected(vllm_areas, CHANGES["amd-test-wrapper"])
+    native = {
+        s.key
+        for s in areas.steps
+        if s.device in AMD_DEVICE_CONFIGS and not s.dind and not s.optional
+    }
+    dpx = {s.key for s in areas.steps if s.device == "mi355_dpx"}
+    assert native and native <= selected
+    assert dpx and not dpx & selected
 
 
 def test_only_step_keys_takes_the_key_vllm_derives(tmp_path):

@@ -451,19 +451,26 @@ class DependencyChecker:
         return frozenset(name for name in names if name)
 
     def _tests_name(self, scope: _Scope, names: frozenset[str]) -> bool:
-        """Whether the step's test files, or the non-test helpers they import under the test
-        roots, contain one of ``names`` as a word."""
+        """Whether a test file of the step names one of ``names`` as a word, or calls a
+        definition of a helper it imports (a non-test module under the test roots) that does:
+        ``tests/utils.py`` names every backend somewhere; a test that uses the function that
+        returns ``TRITON_ATTN`` does select it."""
         if not names:
             return False
-        pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b")
-        files = set(scope.test_files)
+        pattern = _word_pattern(names)
         for test_file in scope.test_files:
-            files.update(
+            text = _text(self.repo_root / test_file)
+            if pattern.search(text):
+                return True
+            helpers = [
                 target
                 for target in self.graph.edges(test_file, STATIC)
-                if not target.startswith(self._package_roots)
-            )
-        return any(pattern.search(_text(self.repo_root / path)) for path in files)
+                if not target.startswith(self._package_roots) and not is_test_file(target)
+            ]
+            used = set().union(*(_definitions_naming(self.repo_root / h, names) for h in helpers))
+            if used and _word_pattern(frozenset(used)).search(text):
+                return True
+        return False
 
     @functools.cached_property
     def _package_roots(self) -> tuple[str, ...]:
@@ -527,6 +534,36 @@ def _text(path: Path) -> str:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
+
+
+@functools.lru_cache(maxsize=64)
+def _word_pattern(names: frozenset[str]) -> re.Pattern[str]:
+    return re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b")
+
+
+@functools.lru_cache(maxsize=4096)
+def _definitions_naming(path: Path, names: frozenset[str]) -> frozenset[str]:
+    """Top-level functions, classes and constants of a helper module whose source names one
+    of ``names`` as a word."""
+    text = _text(path)
+    pattern = _word_pattern(names)
+    if not pattern.search(text):
+        return frozenset()
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return frozenset()
+    found = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined = [node.name]
+        elif isinstance(node, ast.Assign):
+            defined = [target.id for target in node.targets if isinstance(target, ast.Name)]
+        else:
+            continue
+        if pattern.search(ast.get_source_segment(text, node) or ""):
+            found.update(defined)
+    return frozenset(found)
 
 
 def top_level_classes(path: Path) -> list[str]:

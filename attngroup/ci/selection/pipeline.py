@@ -2,7 +2,8 @@
 
 Only Buildkite keys are emitted (a leaked ``source_file_dependencies`` makes Buildkite reject
 the upload), every step is validated against the official schema, and unselected steps either
-sit behind a block step (one click runs them) or are left out.
+sit behind a block step (one click runs them) or are left out (all but those a selected step
+depends on).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from attngroup.ci.areas.config import RunConfig, Step, TestAreas
 from attngroup.ci.errors import CIInputError
 from attngroup.ci.selection.buildkite_schema import load_schema, validate_pipeline
-from attngroup.ci.selection.select_steps import Selection
+from attngroup.ci.selection.select_steps import Selection, dependency_closure
 
 MAX_STEPS_PER_UPLOAD = 500
 
@@ -89,13 +90,16 @@ def build_pipeline(
     if unselected not in ("block", "omit"):
         raise CIInputError(f"unselected must be 'block' or 'omit', got {unselected!r}")
     decisions = {decision.key: decision for decision in selection.decisions}
+    # Unselected steps a selected one depends on stay behind their block step even with
+    # "omit": leaving them out would leave a depends_on that names no step.
+    needed = dependency_closure(areas, selection.selected_keys())
     groups: dict[str, list[dict]] = {}
     for step in areas.steps:
         decision = decisions[step.key]
         emitted = groups.setdefault(step.group or "Ungrouped", [])
         if decision.selected:
             emitted.append(command_step(step, config))
-        elif unselected == "block":
+        elif unselected == "block" or step.key in needed:
             emitted.append(_block_step(step, "; ".join(decision.why)))
             emitted.append(command_step(step, config, (f"block-{step.key}",)))
     steps = [{"group": name, "steps": children} for name, children in groups.items() if children]

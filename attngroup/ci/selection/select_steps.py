@@ -1,7 +1,7 @@
 """Which steps a change runs, by vLLM's current rules, with the reason for every decision.
 
-The rules and their order follow vLLM's pipeline generator (vllm-project/ci-infra,
-``buildkite/pipeline_generator/``: ``buildkite_step.py`` ``_step_should_run``,
+The rules and their order follow vLLM's pipeline generator (vllm-project/ci-infra main at commit
+3e4cfe4, ``buildkite/pipeline_generator/``: ``buildkite_step.py`` ``_step_should_run``,
 ``_source_file_dependencies_match`` and ``convert_group_step_to_buildkite_step``; ``amd.py``
 ``_amd_mirror_should_run``; ``global_config.py`` ``_should_run_all``; ``pipeline_generator.py``
 ``is_docs_only_change`` and ``select_steps_and_dependencies``):
@@ -12,10 +12,14 @@ The rules and their order follow vLLM's pipeline generator (vllm-project/ci-infr
 4. an AMD mirror runs whenever the ROCm base Dockerfile changes (optional mirrors too);
 5. a native (not ``dind``) AMD GPU step runs when the AMD test wrapper changes;
 6. RUN_ALL=1 or a ``run_all_patterns`` match (``re.match``, minus ``run_all_exclude_patterns``)
-   runs every step; an ``amd_run_all_patterns`` match runs every AMD step;
+   runs every step (``amd_run_all_patterns`` is loaded and linted, but the generator does not
+   read it, so neither does selection);
 7. otherwise a changed path must equal or lie below a dependency entry (path components, no
    globs; ``!entry`` excludes). A step's own YAML file is a dependency only when its file's
    group ``depends_on`` is non-empty.
+
+A step's ``depends_on`` are pulled in only for ``ONLY_STEP_KEYS`` (``select_steps_and_dependencies``);
+on a change, an unselected dependency is emitted behind its block step like any other.
 """
 
 from __future__ import annotations
@@ -36,17 +40,13 @@ ALWAYS_RUN_KEYS = frozenset({"ensure-ci-base-amd", "refresh-rocm-base-amd"})
 # amd.py: AMD_ROCM_BASE_DOCKERFILE and AMD_NATIVE_RUNTIME_SOURCE_DEPENDENCIES.
 ROCM_BASE_DOCKERFILE = "docker/Dockerfile.rocm_base"
 AMD_NATIVE_RUNTIME_DEPENDENCIES = (".buildkite/scripts/hardware_ci/run-amd-test.sh",)
-# amd.py AMD_DEVICE_CONFIGS names mi250/mi300/mi325/mi355 x 1/2/4/8; 0.34.0 adds mi355_dpx.
-_AMD_GPU_DEVICE = re.compile(r"mi\d+_\w+")
+# amd.py AMD_DEVICE_CONFIGS: mi250/mi300/mi325/mi355 x 1/2/4/8. vLLM 0.34.0 also uses mi355_dpx,
+# which the generator does not know as an AMD GPU: the native-runtime rule (5) skips it.
+_AMD_GPU_DEVICE = re.compile(r"mi(?:250|300|325|355)_[1248]")
 
 
 def is_amd_gpu_device(device: str | None) -> bool:
     return bool(device and _AMD_GPU_DEVICE.fullmatch(device))
-
-
-def is_amd_step(step: Step) -> bool:
-    """An AMD mirror or a step that runs on an AMD GPU itself."""
-    return step.mirror_target == "amd" or is_amd_gpu_device(step.device)
 
 
 def is_docs_only(files: Sequence[str]) -> bool:
@@ -118,13 +118,12 @@ class _ChangeFacts:
     """What the changed files mean for every step, computed once per selection."""
 
     run_all: str | None  # why every step runs (knob, fail-safe, run_all_patterns), or None
-    amd_run_all: str | None
     docs_only: bool
     rocm_base_changed: bool
     amd_runtime_changed: bool
 
 
-def _dependency_closure(areas: TestAreas, roots: Iterable[str]) -> dict[str, str]:
+def dependency_closure(areas: TestAreas, roots: Iterable[str]) -> dict[str, str]:
     """Each root and every step it transitively depends on -> why it is included."""
     steps = areas.by_key()
     included: dict[str, str] = {}
@@ -156,8 +155,6 @@ def _decide(step: Step, changes: ChangeSet, knobs: Knobs, facts: _ChangeFacts) -
         return True, "the native AMD test wrapper changed"
     if facts.run_all:
         return True, facts.run_all
-    if facts.amd_run_all and is_amd_step(step):
-        return True, facts.amd_run_all
     for path in changes.files or ():
         entry = matching_entry(step.dependencies, path)
         if entry is not None:
@@ -178,7 +175,6 @@ def _change_facts(config: RunConfig, changes: ChangeSet, knobs: Knobs) -> _Chang
         run_all = _run_all_trigger(config.run_all_patterns, config, files, "run_all")
     return _ChangeFacts(
         run_all=run_all,
-        amd_run_all=_run_all_trigger(config.amd_run_all_patterns, config, files, "amd_run_all"),
         docs_only=not (knobs.docs_only_disable or run_all) and is_docs_only(files),
         rocm_base_changed=ROCM_BASE_DOCKERFILE in files,
         amd_runtime_changed=any(path in files for path in AMD_NATIVE_RUNTIME_DEPENDENCIES),
@@ -188,7 +184,7 @@ def _change_facts(config: RunConfig, changes: ChangeSet, knobs: Knobs) -> _Chang
 def select_steps(
     areas: TestAreas, config: RunConfig, changes: ChangeSet, knobs: Knobs = Knobs()
 ) -> Selection:
-    """Decide every step; a selected step pulls in the steps it depends on."""
+    """Decide every step (``ONLY_STEP_KEYS`` also takes the steps they depend on)."""
     files = changes.files or ()
     steps = areas.by_key()
     if knobs.only_step_keys is not None:
@@ -196,7 +192,7 @@ def select_steps(
         if unknown:
             hints = "".join(suggest(key, sorted(steps)) for key in unknown[:1])
             raise CIInputError(f"ONLY_STEP_KEYS names unknown steps {unknown}{hints}")
-        chosen = _dependency_closure(areas, knobs.only_step_keys)
+        chosen = dependency_closure(areas, knobs.only_step_keys)
         decisions = tuple(
             StepDecision(
                 step.key,
@@ -222,13 +218,9 @@ def select_steps(
         )
 
     facts = _change_facts(config, changes, knobs)
-    first = {step.key: _decide(step, changes, knobs, facts) for step in areas.steps}
-    pulled = _dependency_closure(areas, [key for key, (chosen, _) in first.items() if chosen])
     decisions = []
     for step in areas.steps:
-        chosen, why = first[step.key]
-        if not chosen and step.key in pulled:
-            chosen, why = True, f"needed by {pulled[step.key]!r} (depends_on)"
+        chosen, why = _decide(step, changes, knobs, facts)
         decisions.append(StepDecision(step.key, step.label, chosen, (why,)))
 
     if facts.docs_only:
