@@ -23,17 +23,19 @@ p10 / p90 and writes the metric list (``--json``), each metric's ``samples``
 the per-step values, named ``spec_decode.<pair>.<backend>.<dtype>.b<B>.k<K>.<metric>``.
 Python's garbage collector is paused during the timed steps (as ``timeit`` does).
 
-Decode runs eagerly. CUDA graphs are not used: capturing the verify forward
-needs static inputs, and the per-step metadata is not static yet: the step
-builder's block-table views take the batch's current table width (a new
-layout, stride and offsets each time the longest context crosses a block), its
-buffers may be reallocated when a step needs more, the Triton launch derives
-its split-KV segment count from the host-side ``max_seq_len``, the token ids
-are a fresh tensor per step, and the torch backend reads per-request host
-copies. Those have to become fixed-shape device buffers before a capture can
-replay correctly.
+``--cuda-graph`` runs the same batch twice in one process, eagerly and then with
+the runner's captured steps (``attngroup.reference_engine.engine.graph_steps``: verify and
+draft decode steps replayed per batch-size bucket), and names the metrics
+``...k<K>.eager.<metric>`` and ``...k<K>.graph.<metric>``. On CUDA each mode then
+profiles ``--profile-steps`` more steps and adds ``kernel_ms``: the device time of
+every kernel and copy of a step (torch.profiler, summed, per step), the floor a
+host-bound step approaches; ``graph_over_kernels`` is the graph step's median over
+the eager step's kernel sum. In graph mode ``metadata_ms`` counts only the passes
+that still build eagerly (prefill and catch-up); a replay's in-place fill is part of
+``draft_ms`` and ``verify_ms``.
 
     python -m attngroup.benchmarks.bench_spec_decode --batch 64 --num-spec-tokens 3 --json out/bench/spec_decode.json
+    python -m attngroup.benchmarks.bench_spec_decode --batch 64 -k 3 --cuda-graph --json out/bench/spec_decode_graphs.json
     python -m attngroup.benchmarks.bench_spec_decode --device cpu --batch 1 --prompt-len 8 --warmup 1 --steps 3 --smoke
 """
 
@@ -129,6 +131,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds the weights and prompts")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="time eager and CUDA-graph steps side by side (metrics named .eager. and .graph.)",
+    )
+    parser.add_argument(
+        "--profile-steps",
+        type=positive_int,
+        default=5,
+        help="with --cuda-graph on CUDA: steps profiled per mode for kernel_ms",
+    )
     parser.add_argument("--json", type=Path, help="write the metrics to this JSON file")
     args = parser.parse_args(argv)
     if not 1 <= args.num_spec_tokens <= 8:
@@ -164,7 +177,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def build_engine(args: argparse.Namespace) -> Any:
+def build_engine(args: argparse.Namespace, *, cuda_graph: bool = False) -> Any:
     """The engine with the batch added (its prompts not yet run)."""
     # Imported here: the engine pulls in triton, after main set the interpreter flag.
     import torch
@@ -186,6 +199,9 @@ def build_engine(args: argparse.Namespace) -> Any:
             seed=args.seed,
             max_num_seqs=args.batch,
             max_num_batched_tokens=max(args.batch * (k + 1), PREFILL_BUDGET),
+            cuda_graph=cuda_graph,
+            # Captured steps hold the longest context the run reaches.
+            max_model_len=args.prompt_len + max_tokens + k + 1,
         )
     )
     vocab_size = get_model_pair(args.pair).target_config().vocab_size
@@ -261,8 +277,30 @@ def time_steps(engine: Any, args: argparse.Namespace) -> list[StepSample]:
         gc.enable()
 
 
-def metrics_of(args: argparse.Namespace, samples: Sequence[StepSample]) -> list[Metric]:
-    prefix = metric_prefix(args)
+def kernel_ms_per_step(engine: Any, args: argparse.Namespace) -> list[float]:
+    """Device milliseconds of every kernel, copy and fill per step, over ``--profile-steps``
+    steps profiled with torch.profiler (CUDA graphs' kernels are reported one by one)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(args.device)
+    per_step = []
+    for _ in range(args.profile_steps):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            timed_step(engine, args.batch, args.num_spec_tokens, device)
+        device_us = sum(
+            event.device_time_total
+            for event in prof.events()
+            if event.device_type == torch.autograd.DeviceType.CUDA
+        )
+        per_step.append(device_us / 1e3)
+    return per_step
+
+
+def metrics_of(
+    args: argparse.Namespace, samples: Sequence[StepSample], mode: str | None = None
+) -> list[Metric]:
+    prefix = metric_prefix(args) + (f".{mode}" if mode else "")
     per_step = {
         field: [getattr(sample, field) for sample in samples]
         for field in ("step_ms", "draft_ms", "verify_ms", "metadata_ms", "sampling_ms")
@@ -282,6 +320,15 @@ def metrics_of(args: argparse.Namespace, samples: Sequence[StepSample]) -> list[
     return metrics
 
 
+def graph_over_kernels(args: argparse.Namespace, metrics: Sequence[Metric]) -> Metric:
+    """The graph step's median over the eager step's median kernel sum (target: <= 1.2)."""
+    by_name = {metric.name: metric for metric in metrics}
+    prefix = metric_prefix(args)
+    kernels = by_name[f"{prefix}.eager.kernel_ms"].value
+    ratios = [step / kernels for step in by_name[f"{prefix}.graph.step_ms"].samples]
+    return Metric(f"{prefix}.graph_over_kernels", statistics.median(ratios), "x", ratios, False)
+
+
 def print_summary(args: argparse.Namespace, metrics: Sequence[Metric]) -> None:
     smoke = "  (smoke run: not a measurement)" if args.smoke else ""
     print(
@@ -290,8 +337,8 @@ def print_summary(args: argparse.Namespace, metrics: Sequence[Metric]) -> None:
     )
     for metric in metrics:
         median, p10, p90 = spread(metric.samples)
-        label = metric.name.rsplit(".", 1)[1]
-        print(f"  {label:<16} {median:12.3f} {metric.unit:<9} p10 {p10:12.3f}  p90 {p90:12.3f}")
+        label = metric.name.removeprefix(metric_prefix(args) + ".")
+        print(f"  {label:<22} {median:12.3f} {metric.unit:<9} p10 {p10:12.3f}  p90 {p90:12.3f}")
     print("  (metadata_ms is host time, part of draft_ms and verify_ms)")
 
 
@@ -301,17 +348,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if torch.device(args.device).type == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # the KV write is a Triton kernel
-    try:
-        engine = build_engine(args)
-    except ValueError as error:  # a configuration the engine refuses (backend, dtype, device)
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    try:
-        samples = time_steps(engine, args)
-    except NotSteadyError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    metrics = metrics_of(args, samples)
+    modes = ("eager", "graph") if args.cuda_graph else (None,)
+    metrics: list[Metric] = []
+    for mode in modes:
+        try:
+            engine = build_engine(args, cuda_graph=mode == "graph")
+        except ValueError as error:  # a configuration the engine refuses (backend, dtype, device)
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        try:
+            samples = time_steps(engine, args)
+            mode_metrics = metrics_of(args, samples, mode)
+            if mode is not None and torch.device(args.device).type == "cuda":
+                kernels = kernel_ms_per_step(engine, args)
+                name = f"{metric_prefix(args)}.{mode}.kernel_ms"
+                mode_metrics.append(Metric(name, statistics.median(kernels), "ms", kernels, False))
+        except NotSteadyError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        if mode == "graph":
+            graphs = engine.runner.cuda_graphs
+            print("\n".join(f"CUDA graphs: {line}" for line in graphs.plan.describe()))
+            print(f"CUDA graphs: passes {dict(sorted(graphs.counts.items()))}")
+        metrics.extend(mode_metrics)
+        del engine
+    if args.cuda_graph and torch.device(args.device).type == "cuda":
+        metrics.append(graph_over_kernels(args, metrics))
     print_summary(args, metrics)
     if args.json is not None:
         write_metrics(args.json, metrics)

@@ -305,6 +305,49 @@ def _pages_of(
     )
 
 
+def plan_wrapper(
+    wrapper: Any, kind: PlanKind, plan: FlashInferPlanParams, common: CommonAttentionMetadata
+) -> None:
+    """Plan ``wrapper`` (a prefill wrapper for "prefill", else a decode wrapper) for the batch:
+    the one place that maps a group's plan parameters onto FlashInfer's ``plan`` arguments,
+    for the eager builders and for the CUDA-graph wrappers (``flashinfer_graph``) alike."""
+    if kind == "prefill":
+        pages = paged_kv_indices(common, plan.window_left)
+        wrapper.plan(
+            pages.qo_indptr,
+            pages.kv_indptr,
+            pages.kv_indices,
+            pages.kv_last_page_len,
+            plan.num_qo_heads,
+            plan.num_kv_heads,
+            plan.head_dim,
+            plan.page_size,
+            causal=True,
+            sm_scale=plan.sm_scale,
+            window_left=plan.window_left,
+            logits_soft_cap=plan.logits_soft_cap,
+            q_data_type=plan.dtype,
+            kv_data_type=plan.dtype,
+        )
+        return
+    pages_of = paged_kv_indices if kind == "decode" else expanded_decode_indices
+    pages = pages_of(common, plan.window_left)
+    wrapper.plan(
+        pages.kv_indptr,
+        pages.kv_indices,
+        pages.kv_last_page_len,
+        plan.num_qo_heads,
+        plan.num_kv_heads,
+        plan.head_dim,
+        plan.page_size,
+        window_left=plan.window_left,
+        logits_soft_cap=plan.logits_soft_cap,
+        q_data_type=plan.dtype,
+        kv_data_type=plan.dtype,
+        sm_scale=plan.sm_scale,
+    )
+
+
 @dataclass(frozen=True)
 class FlashInferMetadata:
     common: CommonAttentionMetadata
@@ -346,48 +389,12 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
     def build(self, common: CommonAttentionMetadata) -> FlashInferMetadata:
         """Plan this step's wrapper; the metadata is valid until the next ``build``."""
         kind = self.plan.plan_kind(common)
-        plan = self.plan
-        if kind == "prefill":
-            pages = paged_kv_indices(common, plan.window_left)
-            self.prefill_wrapper.plan(
-                pages.qo_indptr,
-                pages.kv_indptr,
-                pages.kv_indices,
-                pages.kv_last_page_len,
-                plan.num_qo_heads,
-                plan.num_kv_heads,
-                plan.head_dim,
-                plan.page_size,
-                causal=True,
-                sm_scale=plan.sm_scale,
-                window_left=plan.window_left,
-                logits_soft_cap=plan.logits_soft_cap,
-                q_data_type=plan.dtype,
-                kv_data_type=plan.dtype,
-            )
-            wrapper = self.prefill_wrapper
-        else:
-            pages_of = paged_kv_indices if kind == "decode" else expanded_decode_indices
-            pages = pages_of(common, plan.window_left)
-            self.decode_wrapper.plan(
-                pages.kv_indptr,
-                pages.kv_indices,
-                pages.kv_last_page_len,
-                plan.num_qo_heads,
-                plan.num_kv_heads,
-                plan.head_dim,
-                plan.page_size,
-                window_left=plan.window_left,
-                logits_soft_cap=plan.logits_soft_cap,
-                q_data_type=plan.dtype,
-                kv_data_type=plan.dtype,
-                sm_scale=plan.sm_scale,
-            )
-            wrapper = self.decode_wrapper
+        wrapper = self.prefill_wrapper if kind == "prefill" else self.decode_wrapper
+        plan_wrapper(wrapper, kind, self.plan, common)
         self.generation += 1
         return FlashInferMetadata(
             common=common,
-            plan=plan,
+            plan=self.plan,
             kind=kind,
             wrapper=wrapper,
             builder=self,

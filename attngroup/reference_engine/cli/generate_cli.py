@@ -81,6 +81,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--num-blocks", type=positive_int, default=256, help="KV-cache blocks per group"
     )
+    parser.add_argument(
+        "--cuda-graph",
+        action="store_true",
+        help="run decode, verify and draft steps from CUDA graphs (per batch-size bucket); "
+        "the plan, and every group left eager with its reason, go to stderr",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument(
         "--no-progress",
@@ -216,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         num_spec_tokens=args.num_spec_tokens,
         seed=args.seed,
         max_num_seqs=max(args.batch, 1),
+        cuda_graph=args.cuda_graph,
     )
     try:
         engine = LLMEngine(config)
@@ -225,6 +232,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:  # a configuration the engine refuses (backend, device, dtype)
         print(f"error: {error}", file=sys.stderr)
         return 2
+    graphs = engine.runner.cuda_graphs
+    if graphs is not None:
+        print("\n".join(f"CUDA graphs: {line}" for line in graphs.plan.describe()), file=sys.stderr)
     prompts = _prompts(pair.target_config().vocab_size, args.batch, args.prompt_len, args.seed)
     total = args.batch * args.max_tokens
     started = time.perf_counter()

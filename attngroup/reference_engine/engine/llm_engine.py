@@ -57,6 +57,10 @@ class EngineConfig:
     tp_size: int = 1
     tp_group: Any = field(default=None, compare=False)
     weights_dir: Path | None = None
+    cuda_graph: bool = (
+        False  # uniform steps from CUDA graphs (attngroup.reference_engine.engine.graph_steps)
+    )
+    max_model_len: int | None = None  # context a captured step holds (None: the runner's default)
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_spec_tokens <= 8:
@@ -101,6 +105,8 @@ def make_runner(pair: ModelPair, config: EngineConfig) -> Any:
         weights_dir=config.weights_dir,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
+        cuda_graph=config.cuda_graph,
+        max_model_len=config.max_model_len,
     )
 
 

@@ -42,10 +42,11 @@ the all-reduces; every rank must get the same batches.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,13 @@ from torch import nn
 
 from attngroup.kernels.registry import get_backend
 from attngroup.reference_engine.attention_groups import AttentionGroup, GroupingPolicy
-from attngroup.reference_engine.engine.forward_metadata import ForwardMetadataBuilder
+from attngroup.reference_engine.engine.forward_metadata import (
+    INITIAL_CONTEXT_CAPACITY,
+    ForwardMetadataBuilder,
+)
+from attngroup.reference_engine.engine.graph_steps import GraphSteps
 from attngroup.reference_engine.engine.paged_caches import allocate_caches
+from attngroup.reference_engine.engine.runner_graphs import runner_graph_steps
 from attngroup.reference_engine.engine.spec_decode.constant_position import ConstantPositionDrafter
 from attngroup.reference_engine.engine.spec_decode.draft_model import DraftModelDrafter
 from attngroup.reference_engine.engine.spec_decode.drafter import Drafter, DraftInputs
@@ -85,6 +91,8 @@ from attngroup.reference_engine.models import DraftKind, build_pair_models
 from attngroup.reference_engine.models.common import ForwardContext, PagedAttention
 from attngroup.reference_engine.models.parallel import TensorParallel
 from attngroup.reference_engine.models.weights import pair_weight_files
+
+_log = logging.getLogger(__name__)
 
 #: The drafting method of each kind of draft (``attngroup.reference_engine.models.draft_kind_of``).
 DRAFTERS: dict[DraftKind, Callable[[DraftInputs], Drafter]] = {
@@ -160,7 +168,11 @@ class ModelRunner:
         weights_dir: Path | None = None,
         max_num_seqs: int = 64,
         max_num_batched_tokens: int = 8192,
+        cuda_graph: bool = False,
+        max_model_len: int | None = None,
     ) -> None:
+        if cuda_graph and tp_size > 1:
+            raise ValueError("cuda_graph=True runs one rank only (tp_size 1)")
         self.tp = _tensor_parallel(tp_rank, tp_size, tp_group)
         self.pair = pair
         self.device = torch.device(device)
@@ -179,6 +191,19 @@ class ModelRunner:
         self._state_snapshots = StateSnapshots(self.state_caches, self._group_of_layer)
         self._target_hidden = HiddenStateBuffer()
         self._drafter = self._create_drafter()
+        self.cuda_graphs: GraphSteps | None = None
+        if cuda_graph:
+            capacity = max_model_len or min(INITIAL_CONTEXT_CAPACITY, num_blocks * block_size)
+            self.cuda_graphs = runner_graph_steps(self, max_num_seqs, capacity)
+            for line in self.cuda_graphs.plan.describe():
+                _log.info("CUDA graphs: %s", line)
+            for step in self.cuda_graphs.plan.steps:
+                for group in sorted({d.group for d in step.eager}):
+                    _log.warning(
+                        "CUDA graphs: %s steps touching group %s run eagerly (see the plan)",
+                        step.kind.value,
+                        group,
+                    )
 
     # --- start-up ---------------------------------------------------------------------------
 
@@ -303,6 +328,7 @@ class ModelRunner:
             device=self.device,
             forward_context=self._draft_forward_context,
             target_hidden=self._target_hidden,
+            decode_pass=self._draft_decode_pass,
         )
         return DRAFTERS[self.draft_kind](inputs)
 
@@ -334,6 +360,24 @@ class ModelRunner:
         """A draft pass's context (looked up per call, so that a test can wrap
         ``_forward_context`` on the instance)."""
         return self._forward_context(rows, self._draft_groups)
+
+    def _draft_decode_pass(self, rows: StepRows) -> Callable[..., Any]:
+        """``DraftInputs.decode_pass``: the pass from a captured graph where one serves the
+        batch, else eagerly on one metadata build shared by every call."""
+        eager_context: list[ForwardContext] = []
+
+        def step(token_ids: torch.Tensor, *extra: torch.Tensor) -> Any:
+            graphs = self.cuda_graphs
+            if graphs is not None:
+                kind = graphs.kind_of(rows.query_lens, drafting=True)
+                outputs = graphs.run(kind, replace(rows, token_ids=token_ids), self.draft, extra)
+                if outputs is not None:
+                    return outputs
+            if not eager_context:
+                eager_context.append(self._draft_forward_context(rows))
+            return self.draft(token_ids.to(self.device), *extra, eager_context[0])
+
+        return step
 
     # --- target ---------------------------------------------------------------------------------
 
@@ -367,9 +411,14 @@ class ModelRunner:
             query_lens=tuple(len(c.token_ids) for c in chunks),
             block_ids=tuple(c.block_ids for c in chunks),
         )
-        hidden = self.target(
-            rows.token_ids.to(self.device), self._forward_context(rows, self._target_groups)
-        )
+        hidden = None
+        if self.cuda_graphs is not None:
+            kind = self.cuda_graphs.kind_of(rows.query_lens, drafting=False)
+            hidden = self.cuda_graphs.run(kind, rows, self.target)
+        if hidden is None:
+            hidden = self.target(
+                rows.token_ids.to(self.device), self._forward_context(rows, self._target_groups)
+            )
         per_chunk = torch.split(hidden, list(rows.query_lens))
         for chunk, states in zip(chunks, per_chunk, strict=True):
             self._target_hidden.write(chunk.request_id, chunk.start_position, states)

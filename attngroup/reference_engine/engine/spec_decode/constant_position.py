@@ -58,7 +58,7 @@ class ConstantPositionDrafter:
             query_lens=(1,) * len(requests),
             block_ids=tuple(r.block_ids for r in requests),
         )
-        ctx = self.inputs.forward_context(rows)
+        step_pass = self.inputs.decode_pass(rows)
         hidden = torch.cat(
             [
                 self.inputs.target_hidden.read(r.request_id, n - 2, n - 1)
@@ -68,7 +68,7 @@ class ConstantPositionDrafter:
         token_ids = rows.token_ids.to(self.inputs.device)
         tokens, probs = [], []
         for _ in range(num_spec_tokens):
-            normed, hidden = draft(token_ids, hidden, ctx)
+            normed, hidden = step_pass(token_ids, hidden)
             token, prob = sample_drafts(draft.compute_logits(normed), requests, generator)
             tokens.append(token)
             probs.append(prob)

@@ -42,7 +42,7 @@ class DraftModelDrafter(OwnKVDrafter):
         tokens, probs = [token], [prob]
         for step in range(1, num_spec_tokens):
             rows = StepRows.decode(requests, tokens[-1], [n - 1 + step for n in lengths])
-            hidden = draft(rows.token_ids.to(device), forward_context(rows))
+            hidden = self.inputs.decode_pass(rows)(rows.token_ids.to(device))
             token, prob = sample_drafts(draft.compute_logits(hidden), requests, generator)
             tokens.append(token)
             probs.append(prob)

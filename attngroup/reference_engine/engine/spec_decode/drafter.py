@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -42,6 +42,10 @@ class DraftInputs:
     # valid until the next pass builds).
     forward_context: Callable[[StepRows], ForwardContext]
     target_hidden: HiddenStateBuffer  # the target's last hidden states, per request
+    # A decode pass (one token per request) over ``rows``: returns ``step(token_ids, *extra)``,
+    # which runs the draft on those inputs, from a CUDA graph where one is captured for the
+    # batch (``attngroup.reference_engine.engine.graph_steps``), else eagerly on one metadata build.
+    decode_pass: Callable[[StepRows], Callable[..., Any]]
 
 
 class Drafter(Protocol):

@@ -48,7 +48,8 @@ class HiddenConditionedDrafter(OwnKVDrafter):
         tokens, probs, feedback = [token], [prob], feedback[last]
         for step in range(1, num_spec_tokens):
             rows = StepRows.decode(requests, tokens[-1], [n - 2 + step for n in lengths])
-            normed, feedback = draft(rows.token_ids.to(device), feedback, forward_context(rows))
+            step_pass = self.inputs.decode_pass(rows)
+            normed, feedback = step_pass(rows.token_ids.to(device), feedback)
             token, prob = sample_drafts(draft.compute_logits(normed), requests, generator)
             tokens.append(token)
             probs.append(prob)
