@@ -96,7 +96,18 @@ def run_rounds(twins: TwinRunners, pair: str, num_reqs: int, seed: int) -> dict[
     return results
 
 
-@pytest.mark.parametrize("num_reqs", [1, 3, 4], ids=["bucket1", "padded3of4", "bucket4"])
+# The Triton interpreter takes minutes per case on the CPU: the padded bucket runs there by default.
+CPU_SLOW = [] if ON_GPU else [pytest.mark.slow]
+
+
+@pytest.mark.parametrize(
+    "num_reqs",
+    [
+        pytest.param(1, id="bucket1", marks=CPU_SLOW),
+        pytest.param(3, id="padded3of4"),
+        pytest.param(4, id="bucket4", marks=CPU_SLOW),
+    ],
+)
 @pytest.mark.parametrize(("pair", "backend", "dtype"), _cases())
 def test_replay_equals_eager(pair: str, backend: str, dtype: str, num_reqs: int, request) -> None:
     if backend == "flashinfer" and not ON_GPU:
@@ -157,8 +168,10 @@ def _check_caches(twins: TwinRunners, before: dict, num_reqs: int, bound: float)
 @pytest.mark.parametrize(
     ("pair", "backend", "dtype"), [pytest.param(*CPU_CASE, id="-".join(CPU_CASE))]
 )
+@pytest.mark.mtp
+@pytest.mark.parametrize("slow", [pytest.param(None, id="cpu-slow", marks=CPU_SLOW)])
 def test_groups_are_captured_with_their_own_head_counts(
-    pair: str, backend: str, dtype: str
+    slow, pair: str, backend: str, dtype: str
 ) -> None:
     """Every captured step's group metadata serves its own layers' head count: the draft's
     4-head groups and the target's 8-head groups each with their own scratch or plan."""
