@@ -17,6 +17,7 @@ from attngroup.reference_engine.engine.capture_plan import (
 )
 from attngroup.reference_engine.engine.model_runner import ModelRunner
 from attngroup.reference_engine.model_pairs import get_model_pair
+from attngroup.suites.cuda_graphs.harness import DEVICE
 
 
 def _group(name: str, backend: str, heads: int, kv_group: int = 0, head_size: int = 256):
@@ -87,6 +88,7 @@ def test_every_group_decides_on_its_own_geometry(pair: str, caplog) -> None:
     runner = ModelRunner(
         get_model_pair(pair),
         backend="triton",
+        device=DEVICE,
         num_blocks=8,
         num_spec_tokens=2,
         max_num_seqs=4,
