@@ -24,7 +24,7 @@ the per-step values, named ``spec_decode.<pair>.<backend>.<dtype>.b<B>.k<K>.<met
 Python's garbage collector is paused during the timed steps (as ``timeit`` does).
 
 ``--cuda-graph`` runs the same batch twice in one process, eagerly and then with
-the runner's captured steps (``attngroup.reference_engine.engine.graph_steps``: verify and
+the runner's captured steps (``attngroup.reference_engine.engine.cuda_graphs.graph_steps``: verify and
 draft decode steps replayed per batch-size bucket), and names the metrics
 ``...k<K>.eager.<metric>`` and ``...k<K>.graph.<metric>``. On CUDA each mode then
 profiles ``--profile-steps`` more steps and adds ``kernel_ms``: the device time of

@@ -57,9 +57,7 @@ class EngineConfig:
     tp_size: int = 1
     tp_group: Any = field(default=None, compare=False)
     weights_dir: Path | None = None
-    cuda_graph: bool = (
-        False  # uniform steps from CUDA graphs (attngroup.reference_engine.engine.graph_steps)
-    )
+    cuda_graph: bool = False  # uniform steps from CUDA graphs (attngroup.reference_engine.engine.cuda_graphs.graph_steps)
     max_model_len: int | None = None  # context a captured step holds (None: the runner's default)
 
     def __post_init__(self) -> None:

@@ -56,13 +56,13 @@ from torch import nn
 
 from attngroup.kernels.registry import get_backend
 from attngroup.reference_engine.attention_groups import AttentionGroup, GroupingPolicy
+from attngroup.reference_engine.engine.cuda_graphs.graph_steps import GraphSteps
+from attngroup.reference_engine.engine.cuda_graphs.runner_graphs import runner_graph_steps
 from attngroup.reference_engine.engine.forward_metadata import (
     INITIAL_CONTEXT_CAPACITY,
     ForwardMetadataBuilder,
 )
-from attngroup.reference_engine.engine.graph_steps import GraphSteps
 from attngroup.reference_engine.engine.paged_caches import allocate_caches
-from attngroup.reference_engine.engine.runner_graphs import runner_graph_steps
 from attngroup.reference_engine.engine.spec_decode.constant_position import ConstantPositionDrafter
 from attngroup.reference_engine.engine.spec_decode.draft_model import DraftModelDrafter
 from attngroup.reference_engine.engine.spec_decode.drafter import Drafter, DraftInputs

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from attngroup.kernels.backends.cuda_graph_support import GroupGeometry, graph_support
-from attngroup.reference_engine.engine.capture_plan import (
+from attngroup.reference_engine.engine.cuda_graphs.capture_plan import (
     CaptureGroup,
     StepKind,
     buckets_up_to,

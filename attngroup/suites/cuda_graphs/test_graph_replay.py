@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from attngroup.kernels.backends.flashinfer_attn import FlashInferBackend
-from attngroup.reference_engine.engine.capture_plan import StepKind
+from attngroup.reference_engine.engine.cuda_graphs.capture_plan import StepKind
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS
 from attngroup.suites.cuda_graphs.harness import (
     BLOCKS_PER_REQUEST,

@@ -44,7 +44,7 @@ class DraftInputs:
     target_hidden: HiddenStateBuffer  # the target's last hidden states, per request
     # A decode pass (one token per request) over ``rows``: returns ``step(token_ids, *extra)``,
     # which runs the draft on those inputs, from a CUDA graph where one is captured for the
-    # batch (``attngroup.reference_engine.engine.graph_steps``), else eagerly on one metadata build.
+    # batch (``attngroup.reference_engine.engine.cuda_graphs.graph_steps``), else eagerly on one metadata build.
     decode_pass: Callable[[StepRows], Callable[..., Any]]
 
 

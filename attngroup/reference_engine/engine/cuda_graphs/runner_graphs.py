@@ -13,8 +13,16 @@ from typing import Any
 
 from attngroup.kernels.backends.cuda_graph_support import STATE_GROUP, GroupGeometry
 from attngroup.kernels.metadata import cdiv
-from attngroup.reference_engine.engine.capture_plan import CaptureGroup, StepKind, plan_capture
-from attngroup.reference_engine.engine.graph_steps import GraphContext, GraphGroup, GraphSteps
+from attngroup.reference_engine.engine.cuda_graphs.capture_plan import (
+    CaptureGroup,
+    StepKind,
+    plan_capture,
+)
+from attngroup.reference_engine.engine.cuda_graphs.graph_steps import (
+    GraphContext,
+    GraphGroup,
+    GraphSteps,
+)
 
 
 def runner_graph_steps(runner: Any, max_num_seqs: int, capacity: int) -> GraphSteps:

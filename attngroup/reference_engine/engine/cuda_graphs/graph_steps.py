@@ -37,7 +37,7 @@ from attngroup.kernels.backends.flashinfer_graph import FlashInferGraphWrapper
 from attngroup.kernels.metadata import CommonAttentionMetadata, cdiv
 from attngroup.kernels.ops.kv_cache_write import PADDING_SLOT
 from attngroup.kernels.step_metadata import StepMetadataBuilder
-from attngroup.reference_engine.engine.capture_plan import CapturePlan, StepKind
+from attngroup.reference_engine.engine.cuda_graphs.capture_plan import CapturePlan, StepKind
 from attngroup.reference_engine.engine.step_rows import StepRows
 from attngroup.reference_engine.models.common import ForwardContext
 
