@@ -208,6 +208,17 @@ def _name(requirement: str) -> str:
     return match.group(0).lower().replace("_", "-") if match else ""
 
 
+def installer(python: Path) -> list[str | Path]:
+    """``uv pip install`` into ``python``'s venv where uv is at hand (several times faster
+    than pip; it gets pip's ``PIP_FIND_LINKS``, where a local CPU torch may lie), else
+    that venv's pip. The torch pin holds either way: a CUDA build cannot match it."""
+    uv = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+    if uv is None:
+        return [python, "-m", "pip", "install"]
+    links = os.environ.get("PIP_FIND_LINKS", "").split()
+    return [uv, "pip", "install", "--python", python, *(f"--find-links={link}" for link in links)]
+
+
 def build_release_venv(version: str, cache: Path | None = None) -> ReleaseVenv:
     """The release's venv, built unless the cache has it."""
     target = release_venv(version, cache)
@@ -229,7 +240,7 @@ def build_release_venv(version: str, cache: Path | None = None) -> ReleaseVenv:
     constraints = target.root / "constraints.txt"
     torch_pin = cpu_torch_pin()
     constraints.write_text(torch_pin + "\n")
-    pip = [python, "-m", "pip", "install", "-c", constraints]
+    pip = [*installer(python), "-c", constraints]
     _run([*pip, torch_pin, *METADATA_REQUIREMENTS], log, env)
     sdist = _sdist(version, python, env, log)
     _run([*pip, *build_requirements(sdist)], log, env)

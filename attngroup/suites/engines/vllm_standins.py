@@ -1,18 +1,20 @@
 """Light stand-ins for what vLLM's grouping code reads of a model: its layers
 and its config (the way vLLM's own CPU tests do it).
 
-Layers are real subclasses of vLLM's ``AttentionLayerBase`` registered in the
-real ``CompilationConfig.static_forward_context``, so vLLM's own
-``get_layers_from_vllm_config`` finds them without patching. Attention layers
-get vLLM's real ``TRITON_ATTN`` backend (the backend Gemma 4 forces, and the
-one whose builders construct on a CPU), or a subclass of it named after the
-layer's own backend (see ``attention_backend``); state layers get the backend
-of their spec's ``mamba_type``.
+Layers are registered in the real ``CompilationConfig.static_forward_context``, so
+vLLM's own ``get_layers_from_vllm_config`` finds them without patching: attention
+layers are subclasses of vLLM's concrete ``Attention`` (releases look KV-sharing layers
+up by it), state layers of ``AttentionLayerBase``. Attention layers get vLLM's real
+``TRITON_ATTN`` backend (the backend Gemma 4 forces, and the one whose builders
+construct on a CPU), or a subclass of it named after the layer's own backend (see
+``attention_backend``); state layers get the backend of their spec's ``mamba_type``.
+Every stand-in class name carries ``StandIn``: an error naming one is the adapter's.
 
-The config is a namespace of vLLM's real sub-configs (cache, parallel,
-scheduler, compilation, attention) plus a model-config stand-in answering the
-model-wide questions builders ask when a version has no per-group helper.
-vLLM is imported lazily, inside the functions.
+The config is a ``ConfigView`` of ``VllmConfig`` over vLLM's real sub-configs (cache,
+parallel, scheduler, compilation, attention), a model-config view answering the
+model-wide questions builders ask when a version has no per-group helper, and a
+speculative-config view naming the pair's method, so that vLLM's own properties (the
+runner rule) run on them. vLLM is imported lazily, inside the functions.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ class ConfigView:
         if default is not _MISSING:
             return default
         raise AttributeError(
-            f"the stand-in {config_class.__name__} has no {name!r} (vLLM reads it here; "
-            "the adapter must give it)",
+            f"the StandIn view of {config_class.__name__} has no {name!r} (vLLM reads it "
+            "here; the adapter must give it)",
             name=name,
             obj=self,
         )

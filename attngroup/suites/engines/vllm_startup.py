@@ -227,8 +227,10 @@ class StartUp:
         }
 
     def kv_cache_groups(self, vllm_config: Any, vllm_specs: dict[str, Any]) -> list[Any]:
-        """The KV-cache groups, as the engine core computes them, in its order."""
-        if self.resolve_layout is not None:
+        """The KV-cache groups, as the engine core computes them, in its order. A layer
+        set without any spec has nothing to lay out (vLLM's workers would pick a default
+        backend from the model's head size, which a stand-in without layers lacks)."""
+        if self.resolve_layout is not None and vllm_specs:
             if self.worker_layouts is None:
                 raise AdapterError("the engine core resolves a layout but workers report none")
             layouts = self.worker_layouts(StandInWorker(vllm_config))
