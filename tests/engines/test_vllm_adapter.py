@@ -131,3 +131,26 @@ def test_gemma4_mtp_verdict_matches_the_installed_vllm(adapter):
         assert {(g.num_heads_q, g.builder_num_heads) for g in draft_groups} == {(4, 4)}
     else:
         assert {(g.num_heads_q, g.builder_num_heads) for g in draft_groups} == {(4, 8)}
+
+
+def test_timeline_page_shows_adapter_errors_in_their_own_state_and_links_the_pr(tmp_path):
+    from attngroup.suites.grouping.vllm_timeline import has_adapter_errors, html_page
+
+    broken = {
+        "verdict": "adapter error", "runner": "v2", "tp": 1,
+        "message": "adapter error in attention grouping: TypeError: <x>", "frames": ["File a.py"],
+    }  # fmt: skip
+    builder = {
+        "verdict": "fail", "runner": "v1", "tp": 1, "check": "builder heads",
+        "message": "4 vs 8", "source": "vllm/v1/attention/backends/triton_attn.py:90",
+    }  # fmt: skip
+    sets = [
+        _verdicts("0.23.0", {"verdict": "pass", "runner": "v1"}),
+        _verdicts("0.24.0", builder),
+        _verdicts("0.25.1", broken),
+    ]
+    page = html_page(sets)
+    assert '<td class="fail changed">' in page and "pull/43241" in page
+    assert '<td class="adapter-error changed">' in page and "TypeError: &lt;x&gt;" in page
+    assert "triton_attn.py:90" in page
+    assert has_adapter_errors(sets) and not has_adapter_errors(sets[:2])
