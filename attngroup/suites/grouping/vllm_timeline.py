@@ -47,11 +47,13 @@ from attngroup.suites.grouping.vllm_verdicts import (
 MESSAGE_LIMIT = 160
 #: Upstream changes the project knows, by the verdict change they cause: (check
 #: before, check after) -> PR; ``None`` is a pass.
-KNOWN_CHANGES: dict[tuple[str | None, str | None], str] = {
-    ("start-up", "builder heads"): "#43543",  # AttentionGroupKey gains num_heads_q
-    ("start-up", None): "#43543",
-    (None, "builder heads"): "#43241",  # the per-group head-count helper removed
-    ("builder heads", None): "#47039",  # ... and restored
+KNOWN_CHANGES: dict[tuple[str | None, str | None], tuple[str, ...]] = {
+    # AttentionGroupKey gains num_heads_q (#43543) while the per-group head-count helper
+    # goes (#43241): groups split, builders read the model-wide count.
+    ("start-up", "builder heads"): ("#43543", "#43241"),
+    ("start-up", None): ("#43543",),
+    (None, "builder heads"): ("#43241",),
+    ("builder heads", None): ("#47039",),  # the helper restored
 }
 PR_URL = "https://github.com/vllm-project/vllm/pull/{number}"
 
@@ -66,7 +68,7 @@ class Cell:
 
     result: dict
     changed: bool  # differs from the previous release's verdict (not on the first)
-    pr: str | None  # the upstream PR known to cause the change
+    prs: tuple[str, ...]  # the upstream PRs known to cause the change
 
     @property
     def verdict(self) -> str:
@@ -110,10 +112,10 @@ def timeline(verdict_sets: Sequence[dict]) -> tuple[list[str], list[str], dict]:
                 continue
             state = _state(result)
             changed = previous is not None and state != previous
-            pr = None
+            prs: tuple[str, ...] = ()
             if changed and {previous[0], state[0]} <= {PASS, FAIL}:
-                pr = KNOWN_CHANGES.get((previous[1], state[1]))
-            cells[(pair, data["vllm"])] = Cell(result, changed, pr)
+                prs = KNOWN_CHANGES.get((previous[1], state[1]), ())
+            cells[(pair, data["vllm"])] = Cell(result, changed, prs)
             previous = state
     return releases, pairs, cells
 
@@ -140,7 +142,7 @@ def markdown_cell(cell: Cell | None) -> str:
     else:
         text = f"unavailable ({runner})"
     if cell.changed:
-        text = "▶ " + text + (f" ({cell.pr})" if cell.pr else "")
+        text = "▶ " + text + (f" ({', '.join(cell.prs)})" if cell.prs else "")
     return text
 
 
@@ -189,9 +191,12 @@ def html_page(verdict_sets: Sequence[dict], title: str = "vLLM grouping verdicts
                 if result.get("source"):
                     detail += f"<br>at {escape(result['source'])}"
                 detail += "".join(f"<br>{escape(f)}" for f in result.get("frames", ())) + "</div>"
-            if cell.pr:
-                url = PR_URL.format(number=cell.pr.lstrip("#"))
-                detail += f'<div class=detail>changed by <a href="{escape(url)}">{escape(cell.pr)}</a></div>'
+            if cell.prs:
+                links = ", ".join(
+                    f'<a href="{escape(PR_URL.format(number=pr.lstrip("#")))}">{escape(pr)}</a>'
+                    for pr in cell.prs
+                )
+                detail += f"<div class=detail>changed by {links}</div>"
             elif cell.changed:
                 detail += "<div class=detail>changed here</div>"
             tds.append(f'<td class="{" ".join(classes)}"><b>{escape(label)}</b>{detail}</td>')
