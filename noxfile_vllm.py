@@ -42,7 +42,7 @@ def _options(posargs: list[str]) -> argparse.Namespace:
 def vllm_conformance(session: nox.Session) -> None:
     """The verdict timeline over ``--versions`` (default every minor release 0.22.1..0.34.0)."""
     options = _options(session.posargs)
-    session.install("-c", LOCK, "-e", ".", "torch")
+    session.install("-c", LOCK, "-e", ".[test]", "torch")
     env = {"CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "WARNING"}
     if options.cache:
         env["AGC_VLLM_CACHE"] = str(Path(options.cache).resolve())
