@@ -79,11 +79,20 @@ def _run_suites(session: nox.Session, options: argparse.Namespace, env: dict[str
             "-n",
             "2",
             "-p",
+            "xdist.plugin",
+            "-p",
             "attngroup.reports.pytest_plugin",
             "-p",
             "no:cacheprovider",
             f"--run-record={OUT / f'run-record-{version}.json'}",
             external=True,
-            env={**env, "PYTHONPATH": os.getcwd(), "AGC_VLLM_RUNNER": options.runner},
+            # Plugins named, not discovered: the checkout's own metadata (an editable
+            # install's egg-info) would register the run-record plugin a second time.
+            env={
+                **env,
+                "PYTHONPATH": os.getcwd(),
+                "AGC_VLLM_RUNNER": options.runner,
+                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            },
             success_codes=[0, 1],
         )
