@@ -37,10 +37,20 @@ import pytest
 
 from attngroup.reports.atomic import OutputPathError, check_output_path
 from attngroup.reports.environment import collect_environment, device_name
-from attngroup.reports.record import Metric, RunRecord, Scalar, TestResult, write_record
+from attngroup.reports.record import (
+    ADAPTER_ERROR,
+    Metric,
+    RunRecord,
+    Scalar,
+    TestResult,
+    write_record,
+)
 
 RECORDER_NAME = "attention_grouping_recorder"
 METRIC_PROPERTY = "attention_grouping.metric"
+# Set on a failing report whose exception says it is a harness error (``harness_error``):
+# the engine adapter failed, so the test is an adapter error, not a verdict on the engine.
+ADAPTER_ERROR_PROPERTY = "attention_grouping.adapter_error"
 WORKER_OUTPUT_KEY = "attention_grouping_records"
 DETAILS_LIMIT = 20_000  # characters of traceback kept per failure
 VALUE_LIMIT = 200  # characters kept of a parameter's text
@@ -106,6 +116,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="CI step key stored with every test (default: $BUILDKITE_STEP_KEY)",
     )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Marks the report of a harness error (runs where the test runs: the xdist workers
+    ship ``user_properties`` to the controller)."""
+    report = yield
+    error = call.excinfo.value if call.excinfo is not None else None
+    if report.failed and getattr(error, "harness_error", False) is True:
+        report.user_properties.append((ADAPTER_ERROR_PROPERTY, type(error).__name__))
+    return report
 
 
 def record_path(config: pytest.Config) -> Path | None:
@@ -303,6 +324,7 @@ class _TestProgress:
     xfail_reason: str | None = None
     attempts: list[str] = field(default_factory=list)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    adapter_error: bool = False  # a phase failed in the engine adapter
     markers: set[str] = field(default_factory=set)  # from report keywords, if workers send nothing
 
     def add(self, report: pytest.TestReport | pytest.CollectReport) -> None:
@@ -311,6 +333,8 @@ class _TestProgress:
             if key == METRIC_PROPERTY:
                 metric = json.loads(text)
                 self.metrics[metric["name"]] = metric
+            elif key == ADAPTER_ERROR_PROPERTY:
+                self.adapter_error = True
         if report.outcome == "rerun":  # pytest-rerunfailures: this attempt failed, another follows
             self.attempts.append(self._outcome_of({report.when: "failed"}))
             self.phases.clear()
@@ -325,6 +349,8 @@ class _TestProgress:
             self.message = _skip_reason(report)
 
     def _outcome_of(self, phases: dict[str, str]) -> str:
+        if self.adapter_error and "failed" in phases.values():
+            return ADAPTER_ERROR
         if phases.get("call") == "failed":
             return "failed"
         if "failed" in phases.values():

@@ -17,15 +17,23 @@ from typing import Any
 from attngroup.reports.atomic import write_text_atomic
 
 SCHEMA_NAME = "attention-grouping-run-record"
-SCHEMA_VERSION = 2  # 2 added ``kind``; version-1 records get theirs from their tests
+SCHEMA_VERSION = (
+    3  # 2 added ``kind`` (version-1 records get theirs from their tests); 3 ``adapter_error``
+)
 # What produced a record; only records of one kind are compared with each other.
 KINDS = ("pytest", "benchmark")
 BENCHMARK_MARKER = "bench"  # the marker of benchmark pseudo-tests (attngroup.benchmarks.run_record)
 
 PASSING_OUTCOMES = frozenset({"passed", "xfailed", "xpassed"})
 FAILING_OUTCOMES = frozenset({"failed", "error"})
-# "deselected": collected but not run in this invocation (-k/-m, or CI ran another subset).
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "deselected")
+# "adapter_error": the test failed inside an engine adapter (a harness error raised as an
+# exception with ``harness_error = True``): no verdict on the engine, so neither a pass nor
+# a failure. "deselected": collected but not run in this invocation (-k/-m, or CI ran
+# another subset).
+ADAPTER_ERROR = "adapter_error"
+OUTCOMES = (
+    "passed", "failed", "error", ADAPTER_ERROR, "skipped", "xfailed", "xpassed", "deselected",
+)  # fmt: skip
 
 Scalar = str | int | float | bool | None
 

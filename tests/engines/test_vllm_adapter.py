@@ -19,7 +19,7 @@ from attngroup.suites.engines.vllm_adapter import (
     has_module,
     pad_state_pages,
 )
-from attngroup.suites.grouping.vllm_verdicts import main, markdown_table
+from attngroup.suites.grouping.vllm_timeline import main, markdown_table
 
 needs_vllm = pytest.mark.skipif(
     not has_module("vllm"), reason="vLLM is not installed (nox -s vllm_conformance installs it)"
@@ -49,26 +49,33 @@ def test_a_shared_layer_with_its_own_spec_is_refused():
 def _verdicts(version: str, gemma: dict) -> dict:
     return {
         "vllm": version,
-        "runner": "r",
-        "pairs": {"gemma4-e2b-mtp": gemma, "u": {"verdict": "pass"}},
+        "runner": "auto",
+        "pairs": {"gemma4-e2b-mtp": gemma, "u": {"verdict": "pass", "runner": "v2"}},
     }
 
 
 def test_table_orders_versions_numerically_and_names_the_first_failure():
-    failing = {"verdict": "fail", "tp": 1, "check": "start-up", "message": "got {8, 4} | x"}
+    failing = {
+        "verdict": "fail", "runner": "v1", "tp": 1, "check": "start-up",
+        "message": "got {8, 4} | x", "source": "vllm/v1/worker/utils.py:12",
+    }  # fmt: skip
     table = markdown_table(
-        [_verdicts("0.34.0", {"verdict": "pass"}), _verdicts("0.4.0", failing)]
+        [_verdicts("0.34.0", {"verdict": "pass", "runner": "v2"}), _verdicts("0.4.0", failing)]
     ).splitlines()
-    assert table[0] == "| pair | vLLM 0.4.0 (r) | vLLM 0.34.0 (r) |"
-    assert table[2] == "| gemma4-e2b-mtp | **fail** (tp1, start-up): `got {8, 4} \\| x` | pass |"
-    assert table[3] == "| u | pass | pass |"
+    assert table[0] == "| pair | vLLM 0.4.0 | vLLM 0.34.0 |"
+    assert table[2] == (
+        "| gemma4-e2b-mtp | **fail** (v1, tp1, start-up): `got {8, 4} \\| x` "
+        "[vllm/v1/worker/utils.py:12] | ▶ pass (v2) (#43543) |"
+    )
+    assert table[3] == "| u | pass (v2) | pass (v2) |"
 
 
 def test_table_cli_refuses_a_foreign_file_with_exit_code_2(tmp_path, capsys):
     foreign = tmp_path / "x.json"
     foreign.write_text(json.dumps({"tests": []}))
-    assert main(["table", str(foreign)]) == 2
+    assert main(["render", str(foreign), "--out", str(tmp_path / "out")]) == 2
     assert "expected keys vllm, runner, pairs" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +131,26 @@ def test_gemma4_mtp_verdict_matches_the_installed_vllm(adapter):
         assert {(g.num_heads_q, g.builder_num_heads) for g in draft_groups} == {(4, 4)}
     else:
         assert {(g.num_heads_q, g.builder_num_heads) for g in draft_groups} == {(4, 8)}
+
+
+def test_timeline_page_shows_adapter_errors_in_their_own_state_and_links_the_pr(tmp_path):
+    from attngroup.suites.grouping.vllm_timeline import has_adapter_errors, html_page
+
+    broken = {
+        "verdict": "adapter error", "runner": "v2", "tp": 1,
+        "message": "adapter error in attention grouping: TypeError: <x>", "frames": ["File a.py"],
+    }  # fmt: skip
+    builder = {
+        "verdict": "fail", "runner": "v1", "tp": 1, "check": "builder heads",
+        "message": "4 vs 8", "source": "vllm/v1/attention/backends/triton_attn.py:90",
+    }  # fmt: skip
+    sets = [
+        _verdicts("0.23.0", {"verdict": "pass", "runner": "v1"}),
+        _verdicts("0.24.0", builder),
+        _verdicts("0.25.1", broken),
+    ]
+    page = html_page(sets)
+    assert '<td class="fail changed">' in page and "pull/43241" in page
+    assert '<td class="adapter-error changed">' in page and "TypeError: &lt;x&gt;" in page
+    assert "triton_attn.py:90" in page
+    assert has_adapter_errors(sets) and not has_adapter_errors(sets[:2])

@@ -512,3 +512,35 @@ def test_reruns_are_kept_as_attempts():
     assert progress.attempts == ["failed"]
     assert progress.outcome == "passed"
     assert progress.duration_s == pytest.approx(2.5)
+
+
+PLANTED_ADAPTER_ERROR = """
+from attngroup.suites.engines.base import AdapterError
+
+
+def test_adapter_broke():
+    raise AdapterError("adapter error in attention grouping: KeyError: 'x'", ("File a.py",))
+
+
+def test_engine_failed():
+    assert "vLLM's verdict" == "pass"
+"""
+
+
+@pytest.mark.parametrize(
+    "workers", [[], ["-p", "xdist.plugin", "-n", "2"]], ids=["one-process", "xdist"]
+)
+def test_a_planted_adapter_error_is_recorded_as_adapter_error(tmp_path, workers):
+    """An adapter's harness error is its own outcome, never the engine's failure."""
+    (tmp_path / "test_planted.py").write_text(PLANTED_ADAPTER_ERROR)
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", *PLUGIN, *workers, "-p", "no:cacheprovider",
+         "--run-record", "run.json"],
+        cwd=tmp_path, env=clean_environment(dict(os.environ)), capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    record = load_record(tmp_path / "run.json")
+    outcomes = {test.nodeid.split("::")[1]: test.outcome for test in record.tests}
+    assert outcomes == {"test_adapter_broke": "adapter_error", "test_engine_failed": "failed"}
+    assert_file_matches_schema(tmp_path / "run.json", "run-record")

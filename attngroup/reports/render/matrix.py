@@ -32,6 +32,7 @@ NO_VALUE = "—"
 ANY_BACKEND = "any backend"  # the part of tests that name neither backend nor dtype
 # Count order in a cell, worst first.
 OUTCOME_ORDER = (
+    "adapter_error",
     "failed",
     "error",
     "flaky",
@@ -42,6 +43,7 @@ OUTCOME_ORDER = (
     "not selected",
 )
 SHORT_OUTCOMES = {  # how a count reads inside a cell: "3 pass", "48 skip"
+    "adapter_error": "adapter error",
     "failed": "fail",
     "error": "error",
     "flaky": "flaky",
@@ -55,7 +57,7 @@ SHORT_OUTCOMES = {  # how a count reads inside a cell: "3 pass", "48 skip"
 
 def cell_status(counts: Mapping[str, int]) -> str:
     """One word for a set of outcomes: the worst problem, else how much of it really ran."""
-    for problem in ("failed", "error", "flaky", "xpassed"):
+    for problem in ("adapter_error", "failed", "error", "flaky", "xpassed"):
         if counts.get(problem):
             return problem
     ran = counts.get("passed", 0) + counts.get("xfailed", 0)

@@ -13,14 +13,22 @@ types serve as the common language for specs):
 
 from __future__ import annotations
 
+import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from attngroup.reference_engine.kv_cache_spec import KVCacheGroupSpec, KVCacheSpec
 from attngroup.reference_engine.layers import LayerDescription
+
+if TYPE_CHECKING:
+    from attngroup.reference_engine.model_pairs import ModelPair
+
+#: Traceback frames an adapter error keeps (the innermost ones).
+ERROR_FRAMES = 4
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class GroupingOutcome:
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
     attention_groups: tuple[tuple[AttentionGroupView, ...], ...]
     error: str | None
+    runner: str | None = None  # the engine's code path that grouped (vLLM: v1 or v2)
 
 
 class EngineAdapter(ABC):
@@ -89,12 +98,42 @@ class EngineAdapter(ABC):
         policy: str,
         block_size: int = 16,
         dtype: torch.dtype = torch.float32,
+        pair: ModelPair | None = None,
     ) -> GroupingOutcome:
         """Run the engine's grouping start-up for ``layers`` under ``policy``:
         specs, KV-cache groups, attention groups, and the builders' head
-        counts. Start-up errors are captured in the outcome, never raised."""
+        counts. ``pair`` is the model pair the layers come from (None for a
+        made-up layer set): an engine may choose its runner by the model.
+        The engine's start-up errors are captured in the outcome, never
+        raised; the adapter's own failures raise ``AdapterError``."""
 
 
 def format_error(error: BaseException) -> str:
     """An exception as the last line of its traceback reads."""
     return f"{type(error).__name__}: {error}"
+
+
+class AdapterError(RuntimeError):
+    """The adapter (or its stand-ins, or an import it needs) failed: a harness error,
+    never a verdict on the engine. ``frames`` are the traceback's innermost lines.
+
+    ``harness_error`` is what the run record's pytest plugin looks for (it cannot
+    import the suites): a test failing with such an exception is an *adapter error*."""
+
+    harness_error = True
+
+    def __init__(self, message: str, frames: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.frames = frames
+
+    @classmethod
+    def wrapping(cls, error: BaseException, step: str) -> AdapterError:
+        frames = traceback.format_tb(error.__traceback__)[-ERROR_FRAMES:]
+        return cls(
+            f"adapter error in {step}: {format_error(error)}",
+            tuple(frame.rstrip() for frame in frames),
+        )
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return "\n".join((text, *self.frames)) if self.frames else text

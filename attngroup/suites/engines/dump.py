@@ -47,7 +47,7 @@ def outcome_as_json(outcome: GroupingOutcome) -> str:
 
 def all_outcomes_as_json(adapter: EngineAdapter) -> str:
     return "\n".join(
-        f"{name} tp{tp} {policy} {outcome_as_json(adapter.setup(pair.layers(tp), policy))}"
+        f"{name} tp{tp} {policy} {outcome_as_json(adapter.setup(pair.layers(tp), policy, pair=pair))}"
         for name, pair in MODEL_PAIRS.items()
         for tp in pair.supported_tp_sizes
         for policy in adapter.policies

@@ -13,6 +13,7 @@ from attngroup.reference_engine.grouping_plan import plan_grouping
 from attngroup.reference_engine.kv_cache_groups import get_kv_cache_groups
 from attngroup.reference_engine.kv_cache_spec import KVCacheGroupSpec, KVCacheSpec
 from attngroup.reference_engine.layers import LayerDescription
+from attngroup.reference_engine.model_pairs import ModelPair
 from attngroup.suites.engines.base import AttentionGroupView, EngineAdapter, GroupingOutcome
 
 
@@ -44,6 +45,7 @@ class ReferenceEngineAdapter(EngineAdapter):
         policy: str,
         block_size: int = 16,
         dtype: torch.dtype = torch.float32,
+        pair: ModelPair | None = None,
     ) -> GroupingOutcome:
         plan = plan_grouping(layers, policy, block_size, dtype)
         views = tuple(

@@ -1,26 +1,22 @@
 """The vLLM adapter: the grouping suites judge vLLM's own code.
 
-``--engine vllm`` runs, in the installed vLLM, the code an engine start-up
-runs for grouping, with light stand-ins for layers and config
-(``attngroup.suites.engines.vllm_standins``):
+``--engine vllm`` runs, in the installed vLLM, the code an engine start-up runs for
+grouping, in that release's own order, with light stand-ins for layers and config
+(``attngroup.suites.engines.vllm_standins``). Which steps a release has is read off the
+release itself (``vllm_startup``): the functions its engine core imports, the methods
+and signatures of its runners; never its version number.
 
-1. KV-cache groups: ``get_global_kv_cache_groups`` (``kv_cache_planning``,
-   after ``resolve_kv_cache_layout``, as the engine core does) where it
-   exists, else ``kv_cache_utils.get_kv_cache_groups``; KV-sharing layers
-   then join their target's group through ``add_kv_sharing_layers_to_kv_cache_groups``.
-2. Attention groups and builders, in the runner the version uses by default:
-   the V1 ``GPUModelRunner`` (``maybe_add_kv_sharing_layers_to_kv_cache_groups``,
-   ``initialize_attn_backend`` called unbound on a stand-in runner,
-   ``prepare_kernel_block_sizes``, then each group's real
-   ``create_metadata_builders`` as ``initialize_metadata_builders`` does),
-   or, where the V1 runner is gone, the V2 ``attn_utils.init_attn_backend``.
-3. Each group's builder head count is read off the real builder vLLM made
-   (Triton's ``num_heads_q``): the strict per-group helper where the version
-   has it, the model-wide ``ModelConfig.get_num_attention_heads`` otherwise.
-   A builder that raises (the strict check) is reported with its error.
+1. KV-cache groups as the engine core computes them (layout resolution first where
+   the core resolves one, then its global or per-worker grouping).
+2. The runner vLLM would use for the model (``VllmConfig.use_v2_model_runner`` asked
+   of a config naming the pair's architecture and speculative method) or the one
+   ``--runner``/``$AGC_VLLM_RUNNER`` asks for: the V1 ``GPUModelRunner``'s grouping
+   methods or the V2 ``attn_utils.init_attn_backend``.
+3. Each group's builder head count is read off the real builder vLLM made.
 
-Nothing here imports vLLM at module import: the adapter's own tests run
-without it, and ``make_adapter`` says how to install it.
+vLLM's errors are verdicts (start-up failed); an error of the adapter, its stand-ins or
+a missing import is raised as ``AdapterError``, never reported as vLLM's. Nothing here
+imports vLLM at module import: the adapter's own tests run without it.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -36,29 +32,44 @@ import torch
 
 from attngroup.reference_engine.kv_cache_spec import KVCacheGroupSpec, KVCacheSpec, MambaSpec
 from attngroup.reference_engine.layers import LayerDescription
+from attngroup.reference_engine.model_pairs import ModelPair
 from attngroup.suites.engines.base import (
+    AdapterError,
     AttentionGroupView,
     EngineAdapter,
     GroupingOutcome,
-    format_error,
 )
 from attngroup.suites.engines.vllm_specs import from_vllm_group, from_vllm_spec, to_vllm_spec
 from attngroup.suites.engines.vllm_standins import (
-    TRITON,
+    ModelIdentity,
     ModelWideCounts,
     attention_backend,
     make_vllm_config,
-    stand_in_layer_class,
+    spec_only_layer,
+    stand_in_layer,
     state_backend,
+)
+from attngroup.suites.engines.vllm_startup import (
+    GroupBuilders,
+    StartUp,
+    engine_error_text,
+    raise_classified,
 )
 
 NATIVE = "native"
 INSTALL_HINT = (
-    "--engine vllm needs vLLM importable (install it without its dependency list plus a few light "
-    "packages, as `nox -s vllm_conformance` does; see noxfile_vllm.py)"
+    "--engine vllm needs vLLM importable (`nox -s vllm_conformance` builds one venv per "
+    "release; see noxfile_vllm.py)"
 )
-#: Builder attributes holding the query-head count, per backend family.
-_BUILDER_HEAD_ATTRIBUTES = ("num_heads_q", "num_qo_heads", "num_heads")
+RUNNER_ENV = "AGC_VLLM_RUNNER"
+RUNNER_CHOICES = ("auto", "v1", "v2")
+#: The Hugging Face architecture of each pair family's target, as vLLM's rules read it.
+FAMILY_ARCHITECTURES = {
+    "gemma4": "Gemma4ForConditionalGeneration",
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+}
 
 
 def has_module(name: str) -> bool:
@@ -69,22 +80,24 @@ def has_module(name: str) -> bool:
         return False
 
 
-def uses_v1_runner() -> bool:
-    """The V1 ``GPUModelRunner`` where the version has it (0.22/0.24 start it
-    for Gemma 4; they default a few architectures, e.g. Qwen3 and Llama with
-    EAGLE, to V2), unless vLLM's own switch ``VLLM_USE_V2_MODEL_RUNNER=1``
-    asks for V2; 0.34 removed V1."""
-    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").lower() in ("1", "true"):
-        return False
-    return has_module("vllm.v1.worker.gpu_model_runner")
+def requested_runner(value: str | None = None) -> str:
+    """``auto`` (vLLM's own rule), ``v1`` or ``v2``: ``value``, else ``$AGC_VLLM_RUNNER``."""
+    runner = (value or os.environ.get(RUNNER_ENV) or "auto").lower()
+    if runner not in RUNNER_CHOICES:
+        raise ValueError(f"runner {runner!r} is not one of {', '.join(RUNNER_CHOICES)}")
+    return runner
 
 
-@dataclass
-class _GroupBuilders:
-    """What creating one attention group's builders gave."""
-
-    num_heads: int | None
-    error: str | None
+def model_identity(pair: ModelPair | None, layers: Sequence[LayerDescription]) -> ModelIdentity:
+    """What vLLM's runner rule reads of the model the layers come from."""
+    has_state = any(not layer.is_attention for layer in layers)
+    if pair is None:
+        return ModelIdentity(architectures=(), spec_method=None, has_inner_state=has_state)
+    return ModelIdentity(
+        architectures=(FAMILY_ARCHITECTURES[pair.family],),
+        spec_method=pair.spec_method.value,
+        has_inner_state=has_state,
+    )
 
 
 class VllmEngineAdapter(EngineAdapter):
@@ -92,8 +105,20 @@ class VllmEngineAdapter(EngineAdapter):
 
     name = "vllm"
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", runner: str | None = None) -> None:
         self.device = torch.device(device)
+        self.requested_runner = requested_runner(runner)
+        self._startup: StartUp | None = None
+
+    @property
+    def startup(self) -> StartUp:
+        """The installed release's start-up steps (found once, on first use)."""
+        if self._startup is None:
+            try:
+                self._startup = StartUp.discover()
+            except Exception as error:
+                raise AdapterError.wrapping(error, "finding vLLM's start-up steps") from error
+        return self._startup
 
     @property
     def version(self) -> str:
@@ -101,21 +126,24 @@ class VllmEngineAdapter(EngineAdapter):
 
         return vllm.__version__
 
-    @property
-    def runner(self) -> str:
-        """Which runner's attention grouping is judged."""
-        return "v1-gpu-model-runner" if uses_v1_runner() else "v2-attn-utils"
-
     def kv_cache_groups(
         self, specs: Mapping[str, KVCacheSpec], kv_sharing: Mapping[str, str]
     ) -> list[KVCacheGroupSpec]:
-        from vllm.v1.worker.utils import add_kv_sharing_layers_to_kv_cache_groups
-
         _refuse_shared_layers_with_specs(specs, kv_sharing)
-        vllm_config = make_vllm_config(None, {})
-        vllm_specs = {name: to_vllm_spec(spec) for name, spec in pad_state_pages(specs).items()}
-        groups = _vllm_kv_cache_groups(vllm_config, vllm_specs)
-        add_kv_sharing_layers_to_kv_cache_groups(dict(kv_sharing), groups)
+        try:
+            vllm_specs = {name: to_vllm_spec(spec) for name, spec in pad_state_pages(specs).items()}
+            forward_context = {
+                name: spec_only_layer(name, spec) for name, spec in vllm_specs.items()
+            }
+            vllm_config = make_vllm_config(None, forward_context)
+            startup = self.startup
+        except Exception as error:
+            raise AdapterError.wrapping(error, "building the stand-ins") from error
+        try:
+            groups = startup.kv_cache_groups(vllm_config, vllm_specs)
+            startup.add_kv_sharing_layers(dict(kv_sharing), groups)
+        except Exception as error:  # vLLM's own error is the finding; ours is not
+            raise_classified(error, "KV-cache grouping")
         return [from_vllm_group(group) for group in groups]
 
     def setup(
@@ -124,6 +152,7 @@ class VllmEngineAdapter(EngineAdapter):
         policy: str,
         block_size: int = 16,
         dtype: torch.dtype = torch.float32,
+        pair: ModelPair | None = None,
     ) -> GroupingOutcome:
         if policy != NATIVE:
             raise ValueError(f"vLLM runs only its own grouping policy {NATIVE!r}, not {policy!r}")
@@ -132,34 +161,47 @@ class VllmEngineAdapter(EngineAdapter):
             for layer in layers
             if (spec := layer.kv_cache_spec(block_size, dtype)) is not None
         }
-        vllm_specs = {name: to_vllm_spec(spec) for name, spec in pad_state_pages(specs).items()}
-        forward_context = {layer.name: _stand_in(layer, vllm_specs) for layer in layers}
-        vllm_config = make_vllm_config(ModelWideCounts.of_target(layers), forward_context)
-        shared = {
-            layer.name: layer.kv_sharing_target for layer in layers if layer.kv_sharing_target
-        }
-        draft_names = {layer.name for layer in layers if layer.is_draft}
+        padded = pad_state_pages(specs)
         try:
-            kv_cache_config = _kv_cache_config(_vllm_kv_cache_groups(vllm_config, vllm_specs))
-        except Exception as error:  # start-up failed before any attention group existed
-            return GroupingOutcome((), (), format_error(error))
-        start_up = _start_v1_runner if uses_v1_runner() else _start_v2_runner
-        try:
-            attn_groups, builders = start_up(
-                vllm_config, kv_cache_config, shared, draft_names, self.device
+            vllm_specs = {name: to_vllm_spec(spec) for name, spec in padded.items()}
+            forward_context = {layer.name: _stand_in(layer, vllm_specs) for layer in layers}
+            vllm_config = make_vllm_config(
+                ModelWideCounts.of_target(layers), forward_context, model_identity(pair, layers)
             )
+            startup = self.startup
         except Exception as error:
-            return GroupingOutcome(_converted(kv_cache_config), (), format_error(error))
+            raise AdapterError.wrapping(error, "building the stand-ins") from error
+        runner = startup.choose_runner(self.requested_runner, vllm_config)
+        try:
+            groups = startup.kv_cache_groups(vllm_config, vllm_specs)
+        except Exception as error:  # start-up failed before any attention group existed
+            return GroupingOutcome((), (), engine_error_text(error, "KV-cache grouping"), runner)
+        kv_cache_config = startup.kv_cache_config(groups, vllm_config)
+        draft_names = {layer.name for layer in layers if layer.is_draft}
+        uses_draft_model = pair is not None and pair.spec_method.value == "draft_model"
+        try:
+            attn_groups, builders = startup.start_runner(
+                runner, vllm_config, kv_cache_config, draft_names if uses_draft_model else None,
+                self.device,
+            )  # fmt: skip
+        except Exception as error:
+            return GroupingOutcome(
+                _converted(kv_cache_config), (), engine_error_text(error, "attention grouping"),
+                runner,
+            )  # fmt: skip
         # The runner has appended the KV-sharing layers to their targets' groups.
-        kv_cache_groups = _converted(kv_cache_config)
-        views = tuple(
-            tuple(_view(group, builders[id(group)], forward_context) for group in per_kv)
-            for per_kv in attn_groups
-        )
+        try:
+            views = tuple(
+                tuple(_view(group, builders[id(group)], forward_context) for group in per_kv)
+                for per_kv in attn_groups
+            )
+            kv_cache_groups = _converted(kv_cache_config)
+        except Exception as error:
+            raise AdapterError.wrapping(error, "reading vLLM's groups") from error
         first_error = next(
             (view.builder_error for row in views for view in row if view.builder_error), None
         )
-        return GroupingOutcome(kv_cache_groups, views, first_error)
+        return GroupingOutcome(kv_cache_groups, views, first_error, runner)
 
 
 def pad_state_pages(specs: Mapping[str, KVCacheSpec]) -> dict[str, KVCacheSpec]:
@@ -201,129 +243,15 @@ def _refuse_shared_layers_with_specs(
 def _stand_in(layer: LayerDescription, vllm_specs: Mapping[str, Any]) -> Any:
     spec = vllm_specs.get(layer.name)
     backend = attention_backend(layer.backend) if layer.is_attention else state_backend(spec)
-    return stand_in_layer_class()(layer, backend, spec)
-
-
-def _vllm_kv_cache_groups(vllm_config: Any, vllm_specs: dict[str, Any]) -> list[Any]:
-    """KV-cache groups as the installed vLLM's engine core computes them."""
-    if has_module("vllm.v1.core.kv_cache_planning"):
-        from vllm.v1.attention.backends.utils import (
-            get_supported_kv_cache_layouts,
-            resolve_kv_cache_layout,
-        )
-        from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
-
-        backends = {_backend_for_spec(spec) for spec in vllm_specs.values()}
-        layouts = [layout.name for layout in get_supported_kv_cache_layouts(backends)]
-        resolve_kv_cache_layout(vllm_config, [layouts], list(vllm_specs.values()))
-        return get_global_kv_cache_groups(vllm_config, [vllm_specs])
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
-
-    return get_kv_cache_groups(vllm_config, vllm_specs)
-
-
-def _is_state_spec(vllm_spec: Any) -> bool:
-    return hasattr(vllm_spec, "mamba_type")
-
-
-def _backend_for_spec(vllm_spec: Any) -> type:
-    return state_backend(vllm_spec) if _is_state_spec(vllm_spec) else attention_backend(TRITON)
+    return stand_in_layer(layer, backend, spec)
 
 
 def _converted(kv_cache_config: Any) -> tuple[KVCacheGroupSpec, ...]:
     return tuple(from_vllm_group(group) for group in kv_cache_config.kv_cache_groups)
 
 
-def _kv_cache_config(groups: list[Any]) -> Any:
-    """A ``KVCacheConfig`` for the groups (no tensors: nothing is allocated)."""
-    from vllm.v1.kv_cache_interface import KVCacheConfig
-
-    return KVCacheConfig(num_blocks=1, kv_cache_tensors=[], kv_cache_groups=groups)
-
-
-class _V1RunnerStandIn:
-    """The state ``GPUModelRunner``'s grouping methods read of ``self``."""
-
-    def __init__(self, vllm_config: Any, shared: Mapping[str, str]) -> None:
-        self.vllm_config = vllm_config
-        self.cache_config = vllm_config.cache_config
-        self.attn_groups: list[list[Any]] = []
-        self.shared_kv_cache_layers = dict(shared)
-        self.runner_only_attn_layers: set[str] = set()
-        self.kv_sharing_fast_prefill_eligible_layers: set[str] = set()
-
-    def _check_and_update_cudagraph_mode(self, *args: Any, **kwargs: Any) -> None:
-        """CUDA-graph mode resolution needs a capture dispatcher and decides
-        nothing about grouping; on a CPU nothing is captured."""
-
-
-def _start_v1_runner(
-    vllm_config: Any,
-    kv_cache_config: Any,
-    shared: Mapping[str, str],
-    draft_names: set[str],
-    device: torch.device,
-) -> tuple[list[list[Any]], dict[int, _GroupBuilders]]:
-    """``GPUModelRunner.initialize_kv_cache``'s grouping steps, in its order."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    from vllm.v1.worker.utils import prepare_kernel_block_sizes
-
-    runner = _V1RunnerStandIn(vllm_config, shared)
-    GPUModelRunner.maybe_add_kv_sharing_layers_to_kv_cache_groups(runner, kv_cache_config)
-    GPUModelRunner.initialize_attn_backend(runner, kv_cache_config)
-    kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, runner.attn_groups)
-    # initialize_metadata_builders' loop, kept going past a failing group so
-    # that every group reports its builders (the first error is start-up's).
-    builders = {
-        id(group): _create_builders(group, vllm_config, device, kernel_block_sizes[gid])
-        for gid, per_kv in enumerate(runner.attn_groups)
-        for group in per_kv
-    }
-    return runner.attn_groups, builders
-
-
-def _create_builders(
-    group: Any, vllm_config: Any, device: torch.device, kernel_block_size: int
-) -> _GroupBuilders:
-    try:
-        group.create_metadata_builders(vllm_config, device, kernel_block_size)
-    except Exception as error:
-        return _GroupBuilders(None, format_error(error))
-    return _builder_heads(group)
-
-
-def _start_v2_runner(
-    vllm_config: Any,
-    kv_cache_config: Any,
-    shared: Mapping[str, str],
-    draft_names: set[str],
-    device: torch.device,
-) -> tuple[list[list[Any]], dict[int, _GroupBuilders]]:
-    """The V2 runner's ``init_attn_backend`` (it adds the KV-sharing layers
-    itself and creates every group's builders)."""
-    from vllm.v1.worker.gpu.attn_utils import init_attn_backend
-
-    attn_groups, _, _ = init_attn_backend(
-        kv_cache_config, vllm_config, device, draft_layer_names=draft_names
-    )
-    builders = {id(group): _builder_heads(group) for per_kv in attn_groups for group in per_kv}
-    return attn_groups, builders
-
-
-def _builder_heads(group: Any) -> _GroupBuilders:
-    """The query-head count the group's first builder was sized by (0 for
-    state-layer builders, which have none)."""
-    builder = group.get_metadata_builder()
-    if _is_state_spec(group.kv_cache_spec):
-        return _GroupBuilders(0, None)
-    heads = next(
-        (getattr(builder, name) for name in _BUILDER_HEAD_ATTRIBUTES if hasattr(builder, name)), 0
-    )
-    return _GroupBuilders(int(heads), None)
-
-
 def _view(
-    group: Any, builders: _GroupBuilders, forward_context: Mapping[str, Any]
+    group: Any, builders: GroupBuilders, forward_context: Mapping[str, Any]
 ) -> AttentionGroupView:
     """One vLLM ``AttentionGroup`` as the seam's view. ``num_heads_q`` is the
     head count vLLM's key reads (``getattr(layer, "num_heads", 0)``) of the
@@ -345,4 +273,7 @@ def make_adapter(config: pytest.Config | None) -> EngineAdapter:
     if not has_module("vllm"):
         raise pytest.UsageError(INSTALL_HINT)
     device = config.getoption("device") if config is not None else None
-    return VllmEngineAdapter(device or "cpu")
+    try:
+        return VllmEngineAdapter(device or "cpu")
+    except ValueError as error:
+        raise pytest.UsageError(f"${RUNNER_ENV}: {error}") from None

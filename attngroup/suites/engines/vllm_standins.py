@@ -1,23 +1,28 @@
 """Light stand-ins for what vLLM's grouping code reads of a model: its layers
 and its config (the way vLLM's own CPU tests do it).
 
-Layers are real subclasses of vLLM's ``AttentionLayerBase`` registered in the
-real ``CompilationConfig.static_forward_context``, so vLLM's own
-``get_layers_from_vllm_config`` finds them without patching. Attention layers
-get vLLM's real ``TRITON_ATTN`` backend (the backend Gemma 4 forces, and the
-one whose builders construct on a CPU), or a subclass of it named after the
-layer's own backend (see ``attention_backend``); state layers get the backend
-of their spec's ``mamba_type``.
+Layers are registered in the real ``CompilationConfig.static_forward_context``, so
+vLLM's own ``get_layers_from_vllm_config`` finds them without patching: attention
+layers are subclasses of vLLM's concrete ``Attention`` (releases look KV-sharing layers
+up by it), state layers of ``AttentionLayerBase``. Attention layers get vLLM's real
+``TRITON_ATTN`` backend (the backend Gemma 4 forces, and the one whose builders
+construct on a CPU), or a subclass of it named after the layer's own backend (see
+``attention_backend``); state layers get the backend of their spec's ``mamba_type``.
+Every stand-in class name carries ``StandIn``: an error naming one is the adapter's.
 
-The config is a namespace of vLLM's real sub-configs (cache, parallel,
-scheduler, compilation, attention) plus a model-config stand-in answering the
-model-wide questions builders ask when a version has no per-group helper.
-vLLM is imported lazily, inside the functions.
+The config is a ``ConfigView`` of ``VllmConfig`` over vLLM's real sub-configs (cache,
+parallel, scheduler, compilation, attention), a model-config view answering the
+model-wide questions builders ask when a version has no per-group helper, and a
+speculative-config view naming the pair's method, so that vLLM's own properties (the
+runner rule) run on them. vLLM is imported lazily, inside the functions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -54,17 +59,99 @@ class ModelWideCounts:
         return cls(first.num_heads_q, first.num_kv_heads, first.head_size)
 
 
-class StandInModelConfig:
+class ConfigView:
+    """A vLLM config class answered from explicit values, then from the class itself.
+
+    A real ``VllmConfig``/``ModelConfig`` needs a model checkpoint; the grouping code only
+    reads a few fields and asks a few questions (``use_v2_model_runner``, ``use_eagle()``).
+    A view holds the fields given, runs the class's own properties and methods on itself
+    (so vLLM's own rule decides, with the values given), and reads any other field's
+    declared default. A field without a default is an ``AttributeError`` naming the
+    class and the field: the stand-in lacks something this release reads.
+    """
+
+    def __init__(self, config_class: type, **values: Any) -> None:
+        object.__setattr__(self, "_config_class", config_class)
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str) -> Any:
+        config_class = object.__getattribute__(self, "_config_class")
+        try:
+            attribute = inspect.getattr_static(config_class, name)
+        except AttributeError:
+            attribute = _MISSING
+        if isinstance(attribute, property) and attribute.fget is not None:
+            return attribute.fget(self)
+        if isinstance(attribute, functools.cached_property):
+            return attribute.func(self)
+        if isinstance(attribute, staticmethod | classmethod):
+            return attribute.__get__(self, config_class)
+        if inspect.isfunction(attribute):
+            return types.MethodType(attribute, self)
+        default = _field_default(config_class, name)
+        if default is not _MISSING:
+            return default
+        raise AttributeError(
+            f"the StandIn view of {config_class.__name__} has no {name!r} (vLLM reads it "
+            "here; the adapter must give it)",
+            name=name,
+            obj=self,
+        )
+
+    def __repr__(self) -> str:
+        return f"ConfigView({object.__getattribute__(self, '_config_class').__name__})"
+
+
+_MISSING = object()
+
+
+def _field_default(config_class: type, name: str) -> Any:
+    fields = getattr(config_class, "__dataclass_fields__", {})
+    field = fields.get(name)
+    if field is None:
+        return _MISSING
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return _MISSING
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What vLLM's runner rule reads of a model and its speculative method: the target's
+    architectures, the method as vLLM names it after its own normalisation, and whether
+    the model keeps recurrent state (``ModelConfig.has_inner_state``)."""
+
+    architectures: tuple[str, ...]
+    spec_method: str | None
+    has_inner_state: bool = False
+
+
+class StandInModelConfig(ConfigView):
     """The questions vLLM's builders and runner ask a ``ModelConfig``."""
 
-    max_model_len = MAX_MODEL_LEN
-    supports_kv_cache_grouping = False
-    use_mla = False
-    is_encoder_decoder = False
-    rswa_window = None  # no residual sliding-window prefix
+    def __init__(self, counts: ModelWideCounts | None, identity: ModelIdentity | None) -> None:
+        from vllm.config import ModelConfig
 
-    def __init__(self, counts: ModelWideCounts | None) -> None:
-        self._counts = counts
+        identity = identity or ModelIdentity(architectures=(), spec_method=None)
+        super().__init__(
+            ModelConfig,
+            max_model_len=MAX_MODEL_LEN,
+            supports_kv_cache_grouping=False,
+            use_mla=False,
+            is_encoder_decoder=False,
+            rswa_window=None,  # no residual sliding-window prefix
+            runner_type="generate",
+            architectures=list(identity.architectures),
+            architecture=next(iter(identity.architectures), None),
+            has_inner_state=identity.has_inner_state,
+            is_hybrid=identity.has_inner_state,
+            is_moe=False,
+            is_quantized=False,
+            hf_config=SimpleNamespace(architectures=list(identity.architectures)),
+            _counts=counts,
+        )
 
     @property
     def counts(self) -> ModelWideCounts:
@@ -87,19 +174,34 @@ class StandInModelConfig:
 
 
 def make_vllm_config(
-    counts: ModelWideCounts | None, forward_context: Mapping[str, Any]
-) -> SimpleNamespace:
-    """A ``VllmConfig`` stand-in: vLLM's real sub-configs, no speculative
-    config (the draft layers are registered like any other layer, as the
-    runner sees them), CUDA graphs off (nothing is captured on a CPU)."""
+    counts: ModelWideCounts | None,
+    forward_context: Mapping[str, Any],
+    identity: ModelIdentity | None = None,
+) -> ConfigView:
+    """A ``VllmConfig`` view over vLLM's real sub-configs: a speculative config naming the
+    pair's method (the draft layers are registered like any other layer, as the runner
+    sees them), CUDA graphs off (nothing is captured on a CPU)."""
     from vllm import config
     from vllm.config.compilation import CUDAGraphMode
 
     compilation = config.CompilationConfig()
     compilation.cudagraph_mode = CUDAGraphMode.NONE
     compilation.static_forward_context.update(forward_context)
-    return SimpleNamespace(
-        model_config=StandInModelConfig(counts),
+    method = identity.spec_method if identity else None
+    speculative = (
+        ConfigView(
+            config.SpeculativeConfig,
+            method=method,
+            num_speculative_tokens=1,
+            parallel_drafting=False,
+            use_heterogeneous_vocab=False,
+        )
+        if method
+        else None
+    )
+    return ConfigView(
+        config.VllmConfig,
+        model_config=StandInModelConfig(counts, identity),
         cache_config=config.CacheConfig(),
         parallel_config=config.ParallelConfig(),
         scheduler_config=config.SchedulerConfig(
@@ -107,42 +209,32 @@ def make_vllm_config(
         ),
         compilation_config=compilation,
         attention_config=config.AttentionConfig(),
-        speculative_config=None,
+        speculative_config=speculative,
         num_speculative_tokens=0,
         use_flashinfer_replayssm=False,
         kv_transfer_config=None,
         lora_config=None,
+        reasoning_config=None,
         num_prefill_lookahead_tokens=1,
     )
 
 
 @functools.cache
-def stand_in_layer_class() -> type:
-    """A subclass of vLLM's ``AttentionLayerBase`` built from a ``LayerDescription``."""
+def stand_in_layer_classes() -> tuple[type, type]:
+    """The stand-in attention and state layer classes.
+
+    Attention layers subclass vLLM's concrete ``Attention`` (releases look KV-sharing
+    layers up by it, ``get_layers_from_vllm_config(vllm_config, Attention)``), state
+    layers its ``AttentionLayerBase`` (what the group discovery filters by). Neither runs
+    vLLM's ``__init__``, which builds a real attention implementation."""
+    from torch import nn
+    from vllm.model_executor.layers.attention import Attention
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
-    class StandInLayer(AttentionLayerBase):
-        def __init__(self, layer: LayerDescription, backend: type, spec: Any) -> None:
-            self.layer_name = layer.name
-            self.backend = backend
-            self.spec = spec
-            self.kv_sharing_target_layer_name = layer.kv_sharing_target
-            self.is_draft_layer = layer.is_draft
-            if layer.is_attention:
-                # The runner keys on ``layer.num_heads``; the strict helper reads
-                # ``layer.impl.num_heads``: both are per-rank counts.
-                self.num_heads = layer.num_heads_q
-                self.num_kv_heads = layer.num_kv_heads
-                self.head_size = layer.head_size
-                self.sliding_window = layer.sliding_window
-                self.impl = SimpleNamespace(
-                    num_heads=layer.num_heads_q,
-                    num_kv_heads=layer.num_kv_heads,
-                    head_size=layer.head_size,
-                    scale=layer.sm_scale,
-                    sliding_window=layer.sliding_window,
-                    logits_soft_cap=layer.logits_soft_cap,
-                )
+    class StandInAttention(Attention):
+        def __init__(self, name: str, backend: type, spec: Any, layer: LayerDescription) -> None:
+            nn.Module.__init__(self)
+            _describe(self, name, backend, spec, layer)
 
         def get_attn_backend(self) -> type:
             return self.backend
@@ -151,9 +243,62 @@ def stand_in_layer_class() -> type:
             return self.spec
 
         def __repr__(self) -> str:
-            return f"StandInLayer({self.layer_name})"
+            return f"StandInAttention({self.layer_name})"
 
-    return StandInLayer
+    class StandInStateLayer(AttentionLayerBase):
+        def __init__(
+            self, name: str, backend: type, spec: Any, layer: LayerDescription | None
+        ) -> None:
+            _describe(self, name, backend, spec, layer)
+
+        def get_attn_backend(self) -> type:
+            return self.backend
+
+        def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+            return self.spec
+
+        def __repr__(self) -> str:
+            return f"StandInStateLayer({self.layer_name})"
+
+    return StandInAttention, StandInStateLayer
+
+
+def stand_in_layer(layer: LayerDescription, backend: type, spec: Any) -> Any:
+    attention_class, state_class = stand_in_layer_classes()
+    layer_class = attention_class if layer.is_attention else state_class
+    return layer_class(layer.name, backend, spec, layer)
+
+
+def spec_only_layer(name: str, spec: Any) -> Any:
+    """A layer known only by its spec (``kv_cache_groups`` gets no layers): what the
+    layout step reads of it is its backend."""
+    backend = state_backend(spec) if hasattr(spec, "mamba_type") else attention_backend(TRITON)
+    return stand_in_layer_classes()[1](name, backend, spec, None)
+
+
+def _describe(
+    target: Any, name: str, backend: type, spec: Any, layer: LayerDescription | None
+) -> None:
+    target.layer_name = name
+    target.backend = backend
+    target.spec = spec
+    target.kv_sharing_target_layer_name = layer.kv_sharing_target if layer else None
+    target.is_draft_layer = layer.is_draft if layer else False
+    if layer is not None and layer.is_attention:
+        # The runner keys on ``layer.num_heads``; the strict helper reads
+        # ``layer.impl.num_heads``: both are per-rank counts.
+        target.num_heads = layer.num_heads_q
+        target.num_kv_heads = layer.num_kv_heads
+        target.head_size = layer.head_size
+        target.sliding_window = layer.sliding_window
+        target.impl = SimpleNamespace(
+            num_heads=layer.num_heads_q,
+            num_kv_heads=layer.num_kv_heads,
+            head_size=layer.head_size,
+            scale=layer.sm_scale,
+            sliding_window=layer.sliding_window,
+            logits_soft_cap=layer.logits_soft_cap,
+        )
 
 
 def attention_backend(name: str) -> type:

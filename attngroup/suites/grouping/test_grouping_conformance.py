@@ -51,7 +51,8 @@ _OUTCOMES: dict[tuple, GroupingOutcome] = {}
 def outcome(engine, pair_name: str, tp: int, policy: str) -> GroupingOutcome:
     key = (engine.name, pair_name, tp, policy)
     if key not in _OUTCOMES:
-        _OUTCOMES[key] = engine.setup(get_model_pair(pair_name).layers(tp), policy)
+        pair = get_model_pair(pair_name)
+        _OUTCOMES[key] = engine.setup(pair.layers(tp), policy, pair=pair)
     return _OUTCOMES[key]
 
 

@@ -1,26 +1,39 @@
-"""Per-pair verdicts of the grouping checks on the installed vLLM, and the
-version x pair table built from them.
+"""Per-pair verdicts of the grouping checks on the installed vLLM.
 
-``python -m attngroup.suites.grouping.vllm_verdicts run OUT.json`` (in a venv with vLLM)
-judges every model pair at every TP size it supports with the grouping
-suite's own checks and writes ``{"vllm": VERSION, "runner": ..., "pairs":
-{pair: verdict}}``; a verdict is ``pass`` or the first failing check, its TP
-size and its first message. ``python -m attngroup.suites.grouping.vllm_verdicts table
-A.json B.json ...`` prints the Markdown table (no vLLM needed).
+``python -m attngroup.suites.grouping.vllm_verdicts run OUT.json [--runner auto|v1|v2]``
+(in a venv with vLLM) judges every model pair at every TP size it supports with the
+grouping suite's own checks and writes ``{"vllm": VERSION, "runner": REQUESTED, "pairs":
+{pair: verdict}}``. A verdict is ``pass``, ``fail`` (the first failing check, its TP size,
+its first message and the vLLM source line that makes it true), ``adapter error`` (the
+harness failed: its message and the traceback's last frames, never a verdict on vLLM) or
+``unavailable`` (the release lacks the runner asked for); each names the runner judged.
+``attngroup.suites.grouping.vllm_timeline`` turns verdict files into the release timeline.
+
+Exit status: 0, or 3 when any pair hit an adapter error (the file is still written).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
+import re
 import sys
-import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from attngroup.reference_engine.layers import LayerDescription
-from attngroup.reference_engine.model_pairs import MODEL_PAIRS
-from attngroup.suites.engines.base import GroupingOutcome
+from attngroup.reference_engine.model_pairs import MODEL_PAIRS, ModelPair
+from attngroup.reports.atomic import write_text_atomic
+from attngroup.suites.engines.base import AdapterError, GroupingOutcome
+from attngroup.suites.engines.vllm_adapter import (
+    NATIVE,
+    RUNNER_CHOICES,
+    RUNNER_ENV,
+    VllmEngineAdapter,
+    requested_runner,
+)
+from attngroup.suites.engines.vllm_startup import RunnerUnavailableError
 from attngroup.suites.grouping.checks import (
     check_builder_heads,
     check_homogeneity,
@@ -31,6 +44,7 @@ from attngroup.suites.grouping.checks import (
 )
 
 Check = Callable[[GroupingOutcome, Sequence[LayerDescription]], list[str]]
+SiteFinder = Callable[[str], dict[str, str]]
 
 #: The suite's checks in the order a reader wants the first failure.
 CHECKS: tuple[tuple[str, Check], ...] = (
@@ -41,11 +55,10 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("builder heads", check_builder_heads),
     ("kv sharing", check_kv_sharing),
 )
-MESSAGE_LIMIT = 160
-
-
-class VerdictFileError(ValueError):
-    """A verdict file is missing or not one this module wrote."""
+PASS, FAIL, ADAPTER_ERROR, UNAVAILABLE = "pass", "fail", "adapter error", "unavailable"
+VERDICTS = (PASS, FAIL, ADAPTER_ERROR, UNAVAILABLE)
+ADAPTER_ERROR_EXIT = 3
+_CITED = re.compile(r"\((vllm/[^()]+\.py:\d+)\)\s*$")
 
 
 def verdict(outcome: GroupingOutcome, layers: Sequence[LayerDescription]) -> dict | None:
@@ -57,80 +70,73 @@ def verdict(outcome: GroupingOutcome, layers: Sequence[LayerDescription]) -> dic
     return None
 
 
-def judge_installed_vllm() -> dict:
-    """Verdicts of the installed vLLM for every pair (first failing TP size)."""
-    from attngroup.suites.engines.vllm_adapter import NATIVE, VllmEngineAdapter
-
-    adapter = VllmEngineAdapter()
-    pairs = {}
-    for name, pair in MODEL_PAIRS.items():
-        pairs[name] = {"verdict": "pass"}
-        for tp in pair.supported_tp_sizes:
-            layers = pair.layers(tp)
-            failure = verdict(adapter.setup(layers, NATIVE), layers)
-            if failure is not None:
-                pairs[name] = {"verdict": "fail", "tp": tp, **failure}
-                break
-    return {"vllm": adapter.version, "runner": adapter.runner, "pairs": pairs}
+def cited_site(message: str) -> str | None:
+    """The vLLM line an engine error names (the adapter appends it to vLLM's errors)."""
+    match = _CITED.search(message)
+    return match.group(1) if match else None
 
 
-def load(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise VerdictFileError(f"{path}: not a readable verdict file ({error})") from None
-    if not isinstance(data, dict) or not {"vllm", "runner", "pairs"} <= data.keys():
-        raise VerdictFileError(f"{path}: expected keys vllm, runner, pairs")
-    return data
-
-
-def _cell(result: dict) -> str:
-    if result["verdict"] == "pass":
-        return "pass"
-    message = result["message"].replace("|", "\\|")
-    if len(message) > MESSAGE_LIMIT:
-        message = message[: MESSAGE_LIMIT - 3] + "..."
-    return f"**fail** (tp{result['tp']}, {result['check']}): `{message}`"
-
-
-def markdown_table(verdict_sets: Sequence[dict]) -> str:
-    """Rows: pairs; columns: vLLM versions in the order given."""
-    ordered = sorted(verdict_sets, key=lambda v: tuple(int(p) for p in v["vllm"].split(".")[:3]))
-    header = "| pair | " + " | ".join(f"vLLM {v['vllm']} ({v['runner']})" for v in ordered) + " |"
-    lines = [header, "|" + " --- |" * (len(ordered) + 1)]
-    pairs = list(dict.fromkeys(name for v in ordered for name in v["pairs"]))
-    for pair in pairs:
-        cells = [_cell(v["pairs"][pair]) if pair in v["pairs"] else "n/a" for v in ordered]
-        lines.append(f"| {pair} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, path)
-
-
-USAGE = (
-    "usage: python -m attngroup.suites.grouping.vllm_verdicts run OUT.json | table VERDICTS.json..."
-)
-
-
-def main(argv: Sequence[str]) -> int:
-    if len(argv) == 2 and argv[0] == "run":
-        _write_atomic(Path(argv[1]), json.dumps(judge_installed_vllm(), indent=2) + "\n")
-        return 0
-    if len(argv) >= 2 and argv[0] == "table":
+def judge_pair(adapter: VllmEngineAdapter, pair: ModelPair, sites: SiteFinder) -> dict:
+    """One pair's verdict: the first failing TP size, else pass."""
+    runner = adapter.requested_runner
+    for tp in pair.supported_tp_sizes:
+        layers = pair.layers(tp)
         try:
-            print(markdown_table([load(Path(p)) for p in argv[1:]]))
-        except VerdictFileError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        return 0
-    print(USAGE, file=sys.stderr)
-    return 2
+            outcome = adapter.setup(layers, NATIVE, pair=pair)
+        except RunnerUnavailableError as error:
+            return {"verdict": UNAVAILABLE, "runner": runner, "message": str(error)}
+        except AdapterError as error:
+            return {
+                "verdict": ADAPTER_ERROR,
+                "runner": runner,
+                "tp": tp,
+                "message": str(error).splitlines()[0],
+                "frames": list(error.frames),
+            }
+        runner = outcome.runner or runner
+        failure = verdict(outcome, layers)
+        if failure is not None:
+            source = cited_site(failure["message"]) or sites(runner).get(failure["check"])
+            return {"verdict": FAIL, "runner": runner, "tp": tp, **failure, "source": source}
+    return {"verdict": PASS, "runner": runner}
+
+
+def judge_installed_vllm(runner: str = "auto") -> dict:
+    """Verdicts of the installed vLLM for every pair on ``runner``."""
+    adapter = VllmEngineAdapter(runner=runner)
+    started = time.monotonic()
+    pairs = {
+        name: judge_pair(adapter, pair, lambda runner: adapter.startup.decision_sites(runner))
+        for name, pair in MODEL_PAIRS.items()
+    }
+    return {
+        "vllm": adapter.version,
+        "runner": runner,
+        "seconds": round(time.monotonic() - started, 1),
+        "pairs": pairs,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attngroup.suites.grouping.vllm_verdicts",
+        description="Judge every model pair on the installed vLLM.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="write the verdict file OUT")
+    run.add_argument("out", type=Path)
+    run.add_argument(
+        "--runner", choices=RUNNER_CHOICES, default=None, help=f"default: ${RUNNER_ENV} or auto"
+    )
+    args = parser.parse_args(argv)
+    verdicts = judge_installed_vllm(requested_runner(args.runner))
+    write_text_atomic(args.out, json.dumps(verdicts, indent=2) + "\n")
+    errors = [name for name, v in verdicts["pairs"].items() if v["verdict"] == ADAPTER_ERROR]
+    if errors:
+        print(f"adapter error on {', '.join(errors)} (see {args.out})", file=sys.stderr)
+        return ADAPTER_ERROR_EXIT
+    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())
