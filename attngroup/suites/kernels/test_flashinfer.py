@@ -148,8 +148,8 @@ def test_plan_params_refuse_layers_that_disagree() -> None:
         (8, 256, BatchSpec.decode(9, 4), "decode/tensor-cores"),
         (4, 256, BatchSpec.decode(9, 4), "decode/tensor-cores"),
         (8, 512, BatchSpec.decode(9, 4), "decode/tensor-cores"),
-        (8, 256, BatchSpec((9, 4), (4, 4)), "decode/tensor-cores/q_len_per_req"),
-        (8, 512, BatchSpec((9, 4), (4, 4)), "decode/tensor-cores/q_len_per_req"),
+        (8, 256, BatchSpec((9, 4), (4, 4)), "prefill/fa2"),
+        (8, 512, BatchSpec((9, 4), (4, 4)), "prefill/fa2"),
         (4, 512, BatchSpec((9, 4), (9, 1)), "prefill/fa2"),
     ],
     ids=[
@@ -162,8 +162,8 @@ def test_plan_params_refuse_layers_that_disagree() -> None:
     ],
 )
 def test_plan_choice(heads, head_size, batch, expected) -> None:
-    """Decode on tensor cores at every GQA group size and head size; verify on the same
-    wrapper through q_len_per_req; queries of different lengths on FA2 prefill."""
+    """Decode on tensor cores at every GQA group size and head size; longer queries (verify
+    and mixed) on FA2 prefill."""
     plan = FlashInferPlanParams.for_group(
         spec(head_size), [layer(heads=heads, head_size=head_size)], num_qo_heads=heads
     )
