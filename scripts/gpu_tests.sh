@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # On the offline GPU machine, from the repository root with the wheels of scripts/fetch_gpu_wheels.sh in
-# .whl: install them beside the image's packages, then run every suite on CUDA (nox -s gpu_tests), which
+# .whl: install them beside the image's packages (FlashInfer's wheel arrives as its unpacked contents in
+# a .tar.xz, unpacked into the same folder), then run every suite on CUDA (nox -s gpu_tests), which
 # writes out/gpu/run-record.json, out/gpu/junit.xml and out/gpu/report.html. Extra args go to pytest.
+# GPU_TESTS_INSTALL_ONLY=1 stops after the install (for a benchmark run in the same environment:
+# `. scripts/gpu_tests.sh` then leaves PYTHONPATH set).
 set -euo pipefail
 dir=${WHEELS:-.whl}
 site=${SITE:-/tmp/agc-site}
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$dir"/*.whl "$dir"/tools/*.whl
+for archive in "$dir"/*.tar.xz; do
+  if [ -e "$archive" ]; then tar -C "$site" -xJf "$archive"; fi
+done
 # The project itself, for its pytest plugin's entry point (the code is imported from the checkout).
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$site" .
 rm -rf build ./*.egg-info
@@ -13,5 +19,8 @@ export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 # nox sessions call `python`; some images only have `python3`.
 if ! command -v python >/dev/null 2>&1; then
   mkdir -p "$site/bin" && ln -sf "$(command -v python3)" "$site/bin/python" && export PATH="$site/bin:$PATH"
+fi
+if [ "${GPU_TESTS_INSTALL_ONLY:-0}" = 1 ]; then
+  return 0 2>/dev/null || exit 0
 fi
 python3 -m nox -s gpu_tests -- "$@"

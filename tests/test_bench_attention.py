@@ -17,6 +17,7 @@ from attngroup.benchmarks.attention_cases import SHAPES, Case, cases
 from attngroup.benchmarks.attention_runner import ratio_metrics
 from attngroup.benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
 from attngroup.benchmarks.bench_attention import parse_args
+from attngroup.benchmarks.flashinfer_sweep import configs_for, table_choice
 from attngroup.benchmarks.timing import Timing
 from attngroup.kernels.registry import BACKEND_PATHS, UnknownBackendError, get_backend
 from attngroup.reports.record import load_record
@@ -210,3 +211,43 @@ def test_vllm_triton_peer_is_no_engine_backend() -> None:
     assert "vllm-triton" not in BACKEND_PATHS
     with pytest.raises(UnknownBackendError):
         get_backend("vllm-triton")
+
+
+@pytest.mark.parametrize(
+    ("shape", "mode", "expected", "table"),
+    [
+        (
+            "gemma4-e2b-sliding-d256",
+            "decode",
+            ["decode/cuda-cores", "decode/tensor-cores", "prefill/fa2", "prefill/fa3"],
+            "decode/tensor-cores",
+        ),
+        (
+            "gemma4-e2b-full-d512",
+            "draft",
+            ["decode/cuda-cores", "decode/tensor-cores", "prefill/fa2"],
+            "decode/tensor-cores",
+        ),
+        (
+            "llama3-8b-d128",
+            "verify",
+            ["decode/tensor-cores/q_len_per_req", "prefill/fa2", "prefill/fa3"],
+            "prefill/fa2",
+        ),
+        (
+            "gemma4-e4b-full-d512",
+            "verify",
+            ["decode/tensor-cores/q_len_per_req", "prefill/fa2"],
+            "prefill/fa2",
+        ),
+    ],
+    ids=["d256-decode", "d512-draft", "d128-verify", "d512-verify"],
+)
+def test_flashinfer_sweep_covers_every_configuration_that_can_run(
+    shape: str, mode: str, expected: list[str], table: str
+) -> None:
+    """The FlashInfer peer is the best of these; the backend's own choice is among them."""
+    case = Case(shape, mode, "b64x8k", 64, 8192)
+    assert [config.describe() for config in configs_for(case)] == expected
+    assert table_choice(case).describe() == table
+    assert table_choice(case) in configs_for(case)

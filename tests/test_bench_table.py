@@ -114,3 +114,16 @@ def test_broken_run_exits_2_naming_the_problem(tmp_path: Path, text, message, ca
     assert main([str(path)]) == 2
     captured = capsys.readouterr()
     assert message in captured.err and captured.out == ""
+
+
+def test_flashinfer_cell_names_its_fastest_configuration(tmp_path: Path, capsys) -> None:
+    """The FlashInfer column says which configuration of the sweep was the fastest correct one."""
+    metrics = _case_metrics("decode.s.b64x8k", 150.0, 120.0)
+    metrics += [
+        {"name": f"decode.s.b64x8k.flashinfer.config_{slug}_latency", "value": value, "unit": "us"}
+        for slug, value in (("decode-cuda-cores", 300.0), ("decode-tensor-cores", 120.0))
+    ]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(metrics))
+    assert main([str(path)]) == 0
+    assert "| 120.0 (decode-tensor-cores) | 1.25 (flashinfer) |" in capsys.readouterr().out

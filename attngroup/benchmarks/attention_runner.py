@@ -22,6 +22,7 @@ if not torch.cuda.is_available():
 
 from attngroup.benchmarks.attention_cases import BLOCK_SIZE, Case, cases
 from attngroup.benchmarks.backend_names import MAX_RELATIVE_ERROR, PEERS
+from attngroup.benchmarks.flashinfer_sweep import config_slug, configs_for, table_choice
 from attngroup.benchmarks.metrics import Metric, write_metrics
 from attngroup.benchmarks.run_record import RecordWriter
 from attngroup.benchmarks.timing import (
@@ -39,6 +40,7 @@ from attngroup.benchmarks.vllm_triton_peer import (
 )
 from attngroup.kernels.attention_oracle import paged_attention_reference
 from attngroup.kernels.backend import AttentionBackend, AttentionLayerParams
+from attngroup.kernels.backends.flashinfer_attn import WrapperChoice
 from attngroup.kernels.metadata import CommonAttentionMetadata, cdiv
 from attngroup.kernels.ops.triton_launch_config import select_path
 from attngroup.kernels.registry import get_backend
@@ -109,8 +111,11 @@ class BackendRun:
     path: str  # what the backend chose for this batch
 
 
-def prepare(backend_name: str, case: Case, common, cache: KVCache, query, device) -> BackendRun:
-    """Builder, build and impl as the engine does them; ``run`` launches only the kernel."""
+def prepare(
+    backend_name: str, case: Case, common, cache: KVCache, query, device, **options
+) -> BackendRun:
+    """Builder, build and impl as the engine does them; ``run`` launches only the kernel.
+    ``options`` go to the builder (``wrapper_choice`` for FlashInfer's sweep)."""
     backend = backend_class(backend_name)
     layer = layer_params(case)
     builder = backend.get_builder_cls()(
@@ -119,6 +124,7 @@ def prepare(backend_name: str, case: Case, common, cache: KVCache, query, device
         device,
         max_num_seqs=case.batch_size,
         max_query_len=case.query_len,
+        **options,
     )
     metadata = builder.build(common)
     impl = backend.get_impl_cls()(layer)
@@ -137,7 +143,7 @@ def backend_class(name: str) -> type[AttentionBackend]:
 
 def describe_path(backend_name: str, case: Case, metadata) -> str:
     if backend_name == "flashinfer":
-        return metadata.plan.choice(metadata.common).describe()
+        return metadata.choice.describe()
     if backend_name == "vllm-triton":
         return f"vllm-{split_kv_path(metadata, case.num_heads_q, case.shape.num_kv_heads)}"
     return triton_path(case, metadata.seq_threshold_3d)
@@ -186,16 +192,18 @@ def backend_metrics(case: Case, run: BackendRun, timing: Timing, copy_bw: float)
     ]
 
 
-def print_row(case: Case, run: BackendRun, timing: Timing | None, copy_bw: float | None) -> None:
-    text = f"{case.name:<44} {run.backend:<10} {run.path:<26}"
+def print_row(
+    case: Case, run: BackendRun, timing: Timing | None, copy_bw: float | None, note: str = ""
+) -> None:
+    text = f"{case.name:<44} {run.backend:<10} {run.path:<34}"
     if timing is None:
-        print(f"{text} ran once (KV {case.kv_bytes / 1e6:.3f} MB)", flush=True)
+        print(f"{text} ran once (KV {case.kv_bytes / 1e6:.3f} MB){note}", flush=True)
         return
     kv_bw = case.kv_bytes / (timing.median_us * 1e-6)
     print(
         f"{text} {timing.median_us:9.1f} us  p10 {timing.percentile_us(10):9.1f}  "
         f"p90 {timing.percentile_us(90):9.1f}  {kv_bw / 1e12:5.2f} TB/s  "
-        f"{kv_bw / copy_bw:6.1%} of copy",
+        f"{kv_bw / copy_bw:6.1%} of copy{note}",
         flush=True,
     )
 
@@ -234,6 +242,74 @@ def graph_replay_metrics(
         metrics.append(Metric(f"{prefix}.graph_latency", timing.median_us, "us", samples, False))
     print_row(case, replace(run, path=f"{run.path} graph"), timing, copy_bw)
     return metrics, error < MAX_RELATIVE_ERROR
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A backend's run of one case: timed (unless --dry-run) and checked against the oracle."""
+
+    run: BackendRun
+    timing: Timing | None
+    error: float
+
+
+def measure(args, run: BackendRun, case: Case, common, cache: KVCache, query, flush) -> Measured:
+    timing = None
+    if args.dry_run:
+        run.run()
+    else:
+        timing = time_cuda(run.run, warmup=args.warmup, runs=args.runs, flush=flush)
+    return Measured(run, timing, check_against_oracle(run, case, common, cache, query))
+
+
+def flashinfer_at_its_best(
+    args, case: Case, common, cache: KVCache, query, device, flush, copy_bw
+) -> tuple[Measured | None, list[Metric]]:
+    """Every FlashInfer configuration that can run the case (``flashinfer_sweep``), each
+    timed and checked; returns the fastest correct one (None if none was correct) and the
+    per-configuration metrics (``flashinfer.config_SLUG_latency`` and ``_error``, and the
+    backend table's choice over the best as ``flashinfer.table_choice_over_best``)."""
+    measured: dict[WrapperChoice, Measured] = {}
+    metrics: list[Metric] = []
+    prefix = f"{case.name}.flashinfer"
+    for config in configs_for(case):
+        try:
+            run = prepare("flashinfer", case, common, cache, query, device, wrapper_choice=config)
+            result = measure(args, run, case, common, cache, query, flush)
+        except (RuntimeError, ValueError, NotImplementedError) as error:
+            print(
+                f"{case.name} flashinfer {config.describe()}: cannot run: {error}", file=sys.stderr
+            )
+            continue
+        measured[config] = result
+        slug = config_slug(config)
+        metrics.append(Metric(f"{prefix}.config_{slug}_error", result.error, "ratio", [], False))
+        if result.timing is not None:
+            samples = list(result.timing.samples_us)
+            metrics.append(
+                Metric(
+                    f"{prefix}.config_{slug}_latency", result.timing.median_us, "us", samples, False
+                )
+            )
+        note = (
+            ""
+            if result.error < MAX_RELATIVE_ERROR
+            else f"  WRONG (relative error {result.error:.2e})"
+        )
+        print_row(case, replace(result.run, backend="fi-config"), result.timing, copy_bw, note)
+    correct = {
+        config: result for config, result in measured.items() if result.error < MAX_RELATIVE_ERROR
+    }
+    if not correct:
+        return None, metrics
+    best = min(
+        correct.values(), key=lambda result: result.timing.median_us if result.timing else 0.0
+    )
+    chosen = measured.get(table_choice(case))
+    if chosen is not None and chosen.timing is not None and best.timing is not None:
+        ratio = chosen.timing.median_us / best.timing.median_us
+        metrics.append(Metric(f"{prefix}.table_choice_over_best", ratio, "ratio", [], False))
+    return best, metrics
 
 
 def ratio_metrics(case: Case, timings: dict[str, Timing]) -> list[Metric]:
@@ -295,12 +371,24 @@ def run_cases(
         common = step_metadata(case, cache.block_table, device)
         timings = {}
         for name in backend_names:
-            run = prepare(name, case, common, cache, query, device)
-            if args.dry_run:
-                run.run()
+            if name == "flashinfer":
+                result, sweep_metrics = flashinfer_at_its_best(
+                    args, case, common, cache, query, device, flush, copy_bw
+                )
+                metrics.extend(sweep_metrics)
+                if result is None:
+                    print(
+                        f"{case.name} flashinfer: no configuration matched the oracle",
+                        file=sys.stderr,
+                    )
+                    status = 1
+                    continue
             else:
-                timings[name] = time_cuda(run.run, warmup=args.warmup, runs=args.runs, flush=flush)
-            error = check_against_oracle(run, case, common, cache, query)
+                run = prepare(name, case, common, cache, query, device)
+                result = measure(args, run, case, common, cache, query, flush)
+            run, error = result.run, result.error
+            if result.timing is not None:
+                timings[name] = result.timing
             metrics.append(Metric(f"{case.name}.{name}.relative_error", error, "ratio", [], False))
             if not error < MAX_RELATIVE_ERROR:
                 print(f"{case.name} {name}: relative error {error:.2e}", file=sys.stderr)

@@ -16,7 +16,9 @@ the whole context, as full attention) and Llama 3 (32 q / 8 kv / head 128), at
 median latency over the timed runs (L2 flushed before each), the KV bytes read
 per second and their fraction of the device-to-device copy bandwidth measured in
 the same run, p10/p90, and Triton's latency over each peer's and over the
-fastest peer's (``triton_over_best_peer``); ``--json``
+fastest peer's (``triton_over_best_peer``). FlashInfer is timed in every configuration
+that can run the case (``attngroup.benchmarks.flashinfer_sweep``) and its fastest
+correct one is the peer ``flashinfer``; ``--json``
 writes the metrics as a list of ``{name, value, unit, samples, higher_is_better}``,
 ``--record`` as a run record for ``python -m attngroup.reports compare`` (``attngroup.benchmarks.run_record``).
 

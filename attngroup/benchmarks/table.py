@@ -2,8 +2,8 @@
 
 Everything is derived from one run's metrics, so the ratios compare timings
 taken side by side: verify / decode and draft / target (decode) per shape and
-context; per case, each peer's latency (FlashInfer on the path its backend
-chose, vLLM's own Triton kernel) and Triton's latency over the fastest peer's
+context; per case, each peer's latency (FlashInfer's fastest correct
+configuration, named beside it; vLLM's own Triton kernel) and Triton's latency over the fastest peer's
 ("vs best peer"). A run with ``--cuda-graph`` adds Triton's graph-replay
 latency and the same ratio to decode from the replays (kernel time without the
 host's launch work). A run record (``--record``, a JSON object) is refused with
@@ -35,6 +35,7 @@ class CaseResult:
     fraction_of_copy: float
     peer_us: dict[str, float]  # peer backend -> latency, for the peers this case ran
     triton_graph_us: float | None = None
+    flashinfer_config: str | None = None  # the fastest correct FlashInfer configuration
 
     @property
     def best_peer(self) -> str | None:
@@ -72,11 +73,23 @@ def load_cases(metrics: Sequence[dict]) -> list[CaseResult]:
                         if f"{key}.{peer}.latency" in values
                     },
                     values.get(f"{key}.triton.graph_latency"),
+                    _fastest_config(values, key),
                 )
             )
         except KeyError as missing:
             raise ValueError(f"{key}: the run lacks metric {missing}") from None
     return results
+
+
+def _fastest_config(values: dict[str, float], key: str) -> str | None:
+    """The FlashInfer configuration whose latency is the case's FlashInfer latency (the sweep
+    reports its fastest correct configuration as ``flashinfer``)."""
+    best = values.get(f"{key}.flashinfer.latency")
+    prefix, suffix = f"{key}.flashinfer.config_", "_latency"
+    for name, value in values.items():
+        if name.startswith(prefix) and name.endswith(suffix) and value == best:
+            return name.removeprefix(prefix).removesuffix(suffix)
+    return None
 
 
 def _microseconds(value: float | None) -> str:
@@ -85,6 +98,13 @@ def _microseconds(value: float | None) -> str:
 
 def _ratio(numerator: float | None, denominator: float | None) -> str:
     return "—" if numerator is None or denominator is None else f"{numerator / denominator:.2f}"
+
+
+def _peer_cell(result: CaseResult, peer: str) -> str:
+    cell = _microseconds(result.peer_us.get(peer))
+    if peer == "flashinfer" and result.flashinfer_config is not None:
+        cell += f" ({result.flashinfer_config})"
+    return cell
 
 
 def markdown_table(results: Sequence[CaseResult]) -> str:
@@ -105,7 +125,7 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
         line = (
             f"| {r.mode} {r.shape} {r.context} | {r.triton_us:.1f} | {r.triton_tb_per_s:.2f} | "
             f"{100 * r.fraction_of_copy:.1f} % |"
-            + "".join(f" {_microseconds(r.peer_us.get(peer))} |" for peer in peers)
+            + "".join(f" {_peer_cell(r, peer)} |" for peer in peers)
             + f" {versus_best} | "
             f"{_ratio(r.triton_us, decode.triton_us) if versus_decode else ''} |"
         )

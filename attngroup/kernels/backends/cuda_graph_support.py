@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attngroup.kernels.backends.flashinfer_attn import choose_wrapper
+from attngroup.kernels.backends.flashinfer_attn import choose_wrapper, query_shape_of_length
 from attngroup.kernels.ops.triton_launch_config import MAX_3D_QUERY_LEN, MIN_LAUNCH_GRID_SIZE_2D
 
 STATE_GROUP = "state"
@@ -94,7 +94,7 @@ def _triton_support(
 
 def _flashinfer_support(group: GroupGeometry, query_len: int) -> GraphSupport:
     try:
-        choice = choose_wrapper(group.head_size, multi_token=query_len > 1)
+        choice = choose_wrapper(group.head_size, query_shape_of_length(query_len))
     except ValueError as error:
         return GraphSupport(False, str(error))
     return GraphSupport(

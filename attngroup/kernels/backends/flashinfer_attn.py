@@ -1,26 +1,24 @@
 """The FlashInfer backend ("flashinfer"): paged decode and prefill wrappers planned per group.
 
-Written against flashinfer-python 0.6.13. Each builder (one per attention
+Written against flashinfer-python 0.7.4. Each builder (one per attention
 group and micro-batch) owns its wrappers and one float workspace, and plans
 them in ``build`` with the group's ``num_qo_heads``, the KV geometry, the
 window (``window_left = W - 1``: our window counts the current token,
-FlashInfer's does not), the soft cap and the scale:
+FlashInfer's does not), the soft cap and the scale.
 
 Which wrapper, and with which options, is chosen per head size and query
-length by one table, ``WRAPPER_CHOICES``: each row names the H200 measurement
-that put it there (README "FlashInfer's path"). In short: decode on tensor
-cores up to head 256 (at every GQA group size), FA2 prefill for multi-token
-queries up to head 256 (FlashInfer's default FA3 prefill is 4-8x slower on
-short queries), and at head 512 the CUDA-core decode wrapper, with every
-query token of a longer query expanded into its own one-token request (the
-tensor-core kernels reject a 512-wide head). ``flashinfer.BatchAttention`` is
-never used: at head 512 it leaves the CUDA context in a sticky error.
+shape by one table, ``WRAPPER_CHOICES``: each row names the H200 measurement
+that put it there (docs/performance.md, "FlashInfer's path"). In short: one
+query token per request runs the tensor-core decode at every head size, 512
+included; any longer query runs FA2 prefill, which measured a hair faster on
+verify than the tensor-core decode planned with ``q_len_per_req`` (FA3 is
+several times slower on short queries and has no 512-wide head).
 
 FlashInfer reads the head count from ``q`` at run time but fixes its work
-partition at plan time, and never compares the two: a q with more heads than
-planned can come out silently wrong (SGLang PR #32625). ``run`` here refuses
-any q whose head count differs from the plan, and a plan that a later
-``build`` replaced.
+partition at plan time, and never compares the two (0.7.4's ``run()`` takes
+``q.size(1)`` as it comes): a q with more heads than planned can come out
+silently wrong (SGLang PR #32625). ``run`` here refuses any q whose head count
+differs from the plan, and a plan that a later ``build`` replaced.
 
 Importing this module needs neither CUDA nor FlashInfer; the builder does.
 """
@@ -51,78 +49,108 @@ from attngroup.kernels.metadata import CommonAttentionMetadata
 
 # FA2 prefill at head 256 plans 128 MiB of split-KV tmp_v alone on the H200 (128 MiB overflowed)
 WORKSPACE_BYTES = 256 * 1024 * 1024
-TENSOR_CORE_MAX_HEAD_SIZE = 256  # larger heads fail on the tensor-core kernels (see above)
+MAX_HEAD_SIZE = 512
 
-PlanKind = Literal["decode", "prefill", "expanded_decode"]
-EVIDENCE_RUN = "attngroup/benchmarks/results/h200-2026-12-03-best-peer-matrix.json"
-EARLIER_RUN = "attngroup/benchmarks/results/h200-2026-12-02-graph-matrix.json"
+PlanKind = Literal["decode", "prefill"]
+QueryShape = Literal["single", "uniform", "mixed"]
+"""A batch's queries: one token each; the same longer length each (verify); anything else."""
+
+EVIDENCE_RUN = "attngroup/benchmarks/results/h200-2026-12-04-flashinfer-0.7.4-matrix.json"
+EVIDENCE_RUN_LLAMA = (
+    "attngroup/benchmarks/results/h200-2026-12-04-flashinfer-0.7.4-matrix-llama.json"
+)
 
 
 @dataclass(frozen=True)
 class WrapperChoice:
     """One FlashInfer wrapper with its options: what the builder plans for a batch."""
 
-    kind: PlanKind  # decode / expanded_decode: BatchDecode...; prefill: BatchPrefill...
-    tensor_cores: bool  # BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=...)
-    prefill_backend: str | None  # BatchPrefillWithPagedKVCacheWrapper(backend=...)
+    kind: PlanKind  # decode: BatchDecode...; prefill: BatchPrefill...
+    tensor_cores: bool = True  # BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=...)
+    prefill_backend: str | None = None  # BatchPrefillWithPagedKVCacheWrapper(backend=...)
+    q_len_per_req: bool = False  # decode: plan(q_len_per_req=the batch's uniform query length)
 
     def describe(self) -> str:
         if self.kind == "prefill":
             return f"prefill/{self.prefill_backend}"
-        return f"{self.kind}/{'tensor-cores' if self.tensor_cores else 'cuda-cores'}"
+        cores = "tensor-cores" if self.tensor_cores else "cuda-cores"
+        return f"decode/{cores}{'/q_len_per_req' if self.q_len_per_req else ''}"
+
+    def serves(self, queries: QueryShape) -> bool:
+        """Whether FlashInfer runs this wrapper on such a batch (decode: one token per
+        request, or with ``q_len_per_req`` on tensor cores a uniform query length)."""
+        if self.kind == "prefill":
+            return True
+        if self.q_len_per_req:
+            return self.tensor_cores and queries == "uniform"
+        return queries == "single"
+
+
+TENSOR_CORE_DECODE = WrapperChoice("decode")
+VERIFY_DECODE = WrapperChoice("decode", q_len_per_req=True)
+FA2_PREFILL = WrapperChoice("prefill", prefill_backend="fa2")
 
 
 @dataclass(frozen=True)
 class ChoiceRow:
-    """A rule of the choice table: head sizes and query length -> wrapper, with its evidence."""
+    """A rule of the choice table: head sizes and query shape -> wrapper, with its evidence."""
 
     max_head_dim: int  # the row serves head sizes up to this (rows are tried in order)
-    multi_token: bool  # False: every query is one token; True: some query is longer
+    queries: QueryShape
     choice: WrapperChoice
     evidence: str  # the measurement that put this choice here (command, result file, figures)
 
 
 WRAPPER_CHOICES: tuple[ChoiceRow, ...] = (
     ChoiceRow(
-        TENSOR_CORE_MAX_HEAD_SIZE,
-        multi_token=False,
-        choice=WrapperChoice("decode", tensor_cores=True, prefill_backend=None),
-        evidence=f"python -m attngroup.benchmarks.bench_attention: decode and draft, CUDA cores in {EARLIER_RUN} "
-        f"against tensor cores in {EVIDENCE_RUN} (Llama 32q/8kv 64x8k: 769.4 us on CUDA cores; "
-        "e4b 8q/2kv head 256: 386.9 us on CUDA cores)",
+        MAX_HEAD_SIZE,
+        queries="single",
+        choice=TENSOR_CORE_DECODE,
+        evidence="python -m attngroup.benchmarks.bench_attention (every FlashInfer configuration per "
+        f"case), decode and draft at heads 128, 256 and 512 in {EVIDENCE_RUN} and {EVIDENCE_RUN_LLAMA}: "
+        "within 1.2 % of the fastest configuration in all 18 cases (FA2 prefill, the same kernel "
+        "family, within p10-p90 of it); CUDA-core decode up to 2.7x slower (e2b head 512 64x8k: "
+        "705.0 us against 260.6 us; level only on e4b head-256 draft), FA3 prefill 2.2-7.9x slower",
     ),
     ChoiceRow(
-        TENSOR_CORE_MAX_HEAD_SIZE,
-        multi_token=True,
-        choice=WrapperChoice("prefill", tensor_cores=True, prefill_backend="fa2"),
-        evidence=f"python -m attngroup.benchmarks.bench_attention: verify (q_len 4), default backend (FA3 on "
-        f"sm90) in {EARLIER_RUN} against fa2 in {EVIDENCE_RUN} (FA3: e2b head 256 64x8k 1146.6 us, "
-        "Llama 64x8k 2116.6 us)",
+        MAX_HEAD_SIZE,
+        queries="uniform",
+        choice=FA2_PREFILL,
+        evidence="python -m attngroup.benchmarks.bench_attention (every FlashInfer configuration per "
+        f"case), verify (q_len 4) at heads 128, 256 and 512 in {EVIDENCE_RUN} and {EVIDENCE_RUN_LLAMA}: "
+        "FA2 prefill the faster in 9 of 10 cases, by 0.2-0.8 % over tensor-core decode with "
+        "q_len_per_req (e2b head 512 64x8k: 331.2 us against 333.8 us), the tenth within 0.4 %; "
+        "FA3 prefill 3.7-7.7x slower (e2b head 256 64x8k: 1130.7 us)",
     ),
     ChoiceRow(
-        512,
-        multi_token=False,
-        choice=WrapperChoice("decode", tensor_cores=False, prefill_backend=None),
-        evidence="the only decode FlashInfer 0.6.13 runs at head 512: use_tensor_cores=True fails "
-        '("Invalid configuration: NUM_MMA_Q=1 NUM_MMA_D_QK=32"); BatchAttention leaves a sticky '
-        f"CUDA error; timed in {EVIDENCE_RUN}",
-    ),
-    ChoiceRow(
-        512,
-        multi_token=True,
-        choice=WrapperChoice("expanded_decode", tensor_cores=False, prefill_backend=None),
-        evidence="FA2 prefill cannot hold a 512-wide head (IsInvalid() for NUM_MMA_D_VO = 32 in "
-        "prefill.cuh), tensor-core decode fails as above: each query token becomes a one-token "
-        f"CUDA-core decode request; timed in {EVIDENCE_RUN}",
+        MAX_HEAD_SIZE,
+        queries="mixed",
+        choice=FA2_PREFILL,
+        evidence="the one FlashInfer wrapper for queries of different lengths at every head size "
+        "(q_len_per_req needs one length; FA3 builds no 512-wide head and is 3.7-7.7x slower on "
+        f"verify-length queries in {EVIDENCE_RUN})",
     ),
 )
 
 
-def choose_wrapper(head_dim: int, multi_token: bool) -> WrapperChoice:
-    """The first row of ``WRAPPER_CHOICES`` that serves this head size and query length
-    (``multi_token``: some request's query is not exactly one token)."""
+def query_shape(query_lens: torch.Tensor) -> QueryShape:
+    """``query_lens``: the batch's per-request query lengths (host)."""
+    if bool((query_lens == 1).all()):
+        return "single"
+    if bool((query_lens == query_lens[0]).all()):
+        return "uniform"
+    return "mixed"
+
+
+def query_shape_of_length(query_len: int) -> QueryShape:
+    """The shape of a batch whose requests all have ``query_len`` tokens (a captured step)."""
+    return "single" if query_len == 1 else "uniform"
+
+
+def choose_wrapper(head_dim: int, queries: QueryShape) -> WrapperChoice:
+    """The first row of ``WRAPPER_CHOICES`` that serves this head size and query shape."""
     for row in WRAPPER_CHOICES:
-        if head_dim <= row.max_head_dim and row.multi_token == multi_token:
+        if head_dim <= row.max_head_dim and row.queries == queries:
             return row.choice
     raise ValueError(f"FlashInfer has no wrapper choice for head size {head_dim}")
 
@@ -174,16 +202,8 @@ class FlashInferPlanParams:
             dtype=kv_cache_spec.dtype,
         )
 
-    @property
-    def use_tensor_core_decode(self) -> bool:
-        return choose_wrapper(self.head_dim, multi_token=False).tensor_cores
-
     def choice(self, common: CommonAttentionMetadata) -> WrapperChoice:
-        multi_token = not bool((common.query_lens_cpu == 1).all())
-        return choose_wrapper(self.head_dim, multi_token)
-
-    def plan_kind(self, common: CommonAttentionMetadata) -> PlanKind:
-        return self.choice(common).kind
+        return choose_wrapper(self.head_dim, query_shape(common.query_lens_cpu))
 
     def check_serves(self, query: torch.Tensor, layer: AttentionLayerParams) -> None:
         """Refuse a q or a layer that this plan was not made for.
@@ -234,58 +254,10 @@ def paged_kv_indices(common: CommonAttentionMetadata, window_left: int = -1) -> 
     alike, so FlashInfer's causal and window masks are unchanged.
     """
     query_lens = common.query_lens_cpu.long()
-    seq_lens = common.seq_lens_cpu.long()
-    return _pages_of(
-        qo_indptr=common.query_start_loc_cpu,
-        kv_lens=seq_lens,
-        first_visible=_first_visible(seq_lens - query_lens, window_left),
-        block_table_rows=torch.arange(common.num_reqs),
-        common=common,
-    )
-
-
-def expanded_decode_indices(
-    common: CommonAttentionMetadata, window_left: int = -1
-) -> PagedKVIndices:
-    """Every query token as a one-token request over its causal prefix.
-
-    The token at position p of request r attends to positions 0..p (or its
-    window) of r's pages, exactly what its causal prefill row sees; the
-    CUDA-core decode kernel then serves verify and prefill for head sizes the
-    tensor-core kernels reject.
-    """
-    query_lens = common.query_lens_cpu.long()
-    num_tokens = common.num_actual_tokens
-    request_of_token = torch.repeat_interleave(torch.arange(common.num_reqs), query_lens)
-    first_position = common.seq_lens_cpu.long() - query_lens
-    offset_in_query = torch.arange(num_tokens) - common.query_start_loc_cpu.long()[request_of_token]
-    positions = first_position[request_of_token] + offset_in_query
-    return _pages_of(
-        qo_indptr=torch.arange(num_tokens + 1, dtype=torch.int32),
-        kv_lens=positions + 1,
-        first_visible=_first_visible(positions, window_left),
-        block_table_rows=request_of_token,
-        common=common,
-    )
-
-
-def _first_visible(first_query_positions: torch.Tensor, window_left: int) -> torch.Tensor:
-    """The first key position a query at ``first_query_positions`` sees."""
-    if window_left < 0:
-        return torch.zeros_like(first_query_positions)
-    return (first_query_positions - window_left).clamp(min=0)
-
-
-def _pages_of(
-    *,
-    qo_indptr: torch.Tensor,
-    kv_lens: torch.Tensor,
-    first_visible: torch.Tensor,
-    block_table_rows: torch.Tensor,
-    common: CommonAttentionMetadata,
-) -> PagedKVIndices:
-    """Pages ``first_visible // block_size ..`` of requests that read ``kv_lens`` tokens
-    from the given block-table rows."""
+    kv_lens = common.seq_lens_cpu.long()
+    first_visible = torch.zeros_like(kv_lens)
+    if window_left >= 0:
+        first_visible = (kv_lens - query_lens - window_left).clamp(min=0)
     block_size = common.block_size
     end_page = (kv_lens + block_size - 1) // block_size
     first_page = first_visible // block_size
@@ -295,10 +267,10 @@ def _pages_of(
     owner = torch.repeat_interleave(torch.arange(len(kv_lens)), num_pages)
     page_column = torch.arange(int(kv_indptr[-1])) - kv_indptr[:-1][owner] + first_page[owner]
     table = common.block_table
-    rows = block_table_rows[owner].to(table.device, non_blocking=True)
+    rows = owner.to(table.device, non_blocking=True)
     columns = page_column.to(table.device, non_blocking=True)
     return PagedKVIndices(
-        qo_indptr=qo_indptr.to(torch.int32),
+        qo_indptr=common.query_start_loc_cpu.to(torch.int32),
         kv_indptr=kv_indptr.to(torch.int32),
         kv_indices=table[rows, columns].to(torch.int32),
         kv_last_page_len=(kv_lens - (end_page - 1) * block_size).to(torch.int32),
@@ -306,13 +278,13 @@ def _pages_of(
 
 
 def plan_wrapper(
-    wrapper: Any, kind: PlanKind, plan: FlashInferPlanParams, common: CommonAttentionMetadata
+    wrapper: Any, choice: WrapperChoice, plan: FlashInferPlanParams, common: CommonAttentionMetadata
 ) -> None:
-    """Plan ``wrapper`` (a prefill wrapper for "prefill", else a decode wrapper) for the batch:
-    the one place that maps a group's plan parameters onto FlashInfer's ``plan`` arguments,
-    for the eager builders and for the CUDA-graph wrappers (``flashinfer_graph``) alike."""
-    if kind == "prefill":
-        pages = paged_kv_indices(common, plan.window_left)
+    """Plan ``wrapper`` (made for ``choice``) for the batch: the one place that maps a group's
+    plan parameters onto FlashInfer's ``plan`` arguments, for the eager builders and for the
+    CUDA-graph wrappers (``flashinfer_graph``) alike."""
+    pages = paged_kv_indices(common, plan.window_left)
+    if choice.kind == "prefill":
         wrapper.plan(
             pages.qo_indptr,
             pages.kv_indptr,
@@ -330,8 +302,6 @@ def plan_wrapper(
             kv_data_type=plan.dtype,
         )
         return
-    pages_of = paged_kv_indices if kind == "decode" else expanded_decode_indices
-    pages = pages_of(common, plan.window_left)
     wrapper.plan(
         pages.kv_indptr,
         pages.kv_indices,
@@ -345,6 +315,7 @@ def plan_wrapper(
         q_data_type=plan.dtype,
         kv_data_type=plan.dtype,
         sm_scale=plan.sm_scale,
+        q_len_per_req=int(common.query_lens_cpu[0]) if common.num_reqs else 1,
     )
 
 
@@ -352,20 +323,26 @@ def plan_wrapper(
 class FlashInferMetadata:
     common: CommonAttentionMetadata
     plan: FlashInferPlanParams
-    kind: PlanKind
+    choice: WrapperChoice
     wrapper: Any  # the planned FlashInfer wrapper
     builder: FlashInferMetadataBuilder
     generation: int  # the builder's plan counter when this plan was made
 
 
 class FlashInferMetadataBuilder(AttentionMetadataBuilder):
-    """Owns one decode and one prefill wrapper, planned for the group's head count."""
+    """Plans the table's wrapper for each step, with the group's head count.
+
+    ``wrapper_choice`` (the benchmark's sweep over FlashInfer's configurations) plans
+    that wrapper instead of the table's; a batch it cannot serve is refused.
+    """
 
     def __init__(
         self,
         kv_cache_spec: KVCacheGeometry,
         layers: Sequence[AttentionLayerParams],
         device: torch.device,
+        *,
+        wrapper_choice: WrapperChoice | None = None,
         **options: Any,
     ) -> None:
         super().__init__(kv_cache_spec, layers, device, **options)
@@ -375,27 +352,48 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
         if reason is not None:
             raise ValueError(f"cannot build a FlashInfer builder for {self.layer_names}: {reason}")
         self.plan = FlashInferPlanParams.for_group(kv_cache_spec, self.layers, self.num_heads_q)
-        flashinfer = _import_flashinfer()
+        self.wrapper_choice = wrapper_choice
+        self.flashinfer = _import_flashinfer()
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=self.plan.use_tensor_core_decode
-        )
-        prefill = choose_wrapper(self.plan.head_dim, multi_token=True)
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD", backend=prefill.prefill_backend or "auto"
-        )
+        self.wrappers: dict[tuple[PlanKind, bool, str | None], Any] = {}
         self.generation = 0
+
+    def choice(self, common: CommonAttentionMetadata) -> WrapperChoice:
+        if self.wrapper_choice is None:
+            return self.plan.choice(common)
+        queries = query_shape(common.query_lens_cpu)
+        if not self.wrapper_choice.serves(queries):
+            raise ValueError(
+                f"FlashInfer {self.wrapper_choice.describe()} cannot serve a batch of "
+                f"{queries} queries"
+            )
+        return self.wrapper_choice
+
+    def wrapper(self, choice: WrapperChoice) -> Any:
+        """The builder's wrapper for a choice (one per kind and options, made on first use)."""
+        key = (choice.kind, choice.tensor_cores, choice.prefill_backend)
+        if key not in self.wrappers:
+            if choice.kind == "prefill":
+                self.wrappers[key] = self.flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", backend=choice.prefill_backend
+                )
+            else:
+                self.wrappers[key] = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", use_tensor_cores=choice.tensor_cores
+                )
+        return self.wrappers[key]
 
     def build(self, common: CommonAttentionMetadata) -> FlashInferMetadata:
         """Plan this step's wrapper; the metadata is valid until the next ``build``."""
-        kind = self.plan.plan_kind(common)
-        wrapper = self.prefill_wrapper if kind == "prefill" else self.decode_wrapper
-        plan_wrapper(wrapper, kind, self.plan, common)
+        choice = self.choice(common)
+        wrapper = self.wrapper(choice)
+        plan = self.plan
+        plan_wrapper(wrapper, choice, plan, common)
         self.generation += 1
         return FlashInferMetadata(
             common=common,
-            plan=self.plan,
-            kind=kind,
+            plan=plan,
+            choice=choice,
             wrapper=wrapper,
             builder=self,
             generation=self.generation,
@@ -415,8 +413,12 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
                 "logits_soft_cap": plan.logits_soft_cap,
                 "sm_scale": plan.sm_scale,
                 "dtype": str(plan.dtype).removeprefix("torch."),
-                "tensor_core_decode": plan.use_tensor_core_decode,
-                "multi_token_path": choose_wrapper(plan.head_dim, multi_token=True).describe(),
+                "wrappers": {
+                    queries: (
+                        self.wrapper_choice or choose_wrapper(plan.head_dim, queries)
+                    ).describe()
+                    for queries in ("single", "uniform", "mixed")
+                },
             },
         )
 
@@ -480,7 +482,7 @@ def _import_flashinfer() -> Any:
         import flashinfer
     except ImportError as error:
         raise ImportError(
-            "the flashinfer backend needs flashinfer-python (tested with 0.6.13): "
-            "pip install 'flashinfer-python==0.6.13'"
+            "the flashinfer backend needs flashinfer-python (tested with 0.7.4): "
+            "pip install 'flashinfer-python==0.7.4'"
         ) from error
     return flashinfer

@@ -19,6 +19,7 @@ from attngroup.kernels.backends.flashinfer_attn import (
     _import_flashinfer,
     choose_wrapper,
     plan_wrapper,
+    query_shape_of_length,
 )
 from attngroup.kernels.metadata import CommonAttentionMetadata
 
@@ -37,8 +38,8 @@ class FlashInferGraphWrapper:
     ) -> None:
         flashinfer = _import_flashinfer()
         self.plan = builder.plan
-        self.choice = choose_wrapper(self.plan.head_dim, multi_token=query_len > 1)
-        planned = num_reqs * query_len if self.choice.kind == "expanded_decode" else num_reqs
+        self.choice = choose_wrapper(self.plan.head_dim, query_shape_of_length(query_len))
+        planned = num_reqs
         device = builder.device
 
         def index_buffer(length: int) -> torch.Tensor:
@@ -73,12 +74,12 @@ class FlashInferGraphWrapper:
 
     def build(self, common: CommonAttentionMetadata) -> FlashInferMetadata:
         """Plan the step into the fixed buffers (outside the graph, before each replay)."""
-        plan_wrapper(self.wrapper, self.choice.kind, self.plan, common)
+        plan_wrapper(self.wrapper, self.choice, self.plan, common)
         self.generation += 1
         return FlashInferMetadata(
             common=common,
             plan=self.plan,
-            kind=self.choice.kind,
+            choice=self.choice,
             wrapper=self.wrapper,
             builder=self,  # type: ignore[arg-type]  # FlashInferImpl reads only .generation
             generation=self.generation,

@@ -4,8 +4,9 @@ The real package needs CUDA, so without this every check of what the FlashInfer
 builder plans (above all ``num_qo_heads``) would be GPU-only, and a builder that
 plans one group with another group's head count would pass the CPU suite.
 
-The stand-in's paged wrappers take the real signatures (flashinfer-python 0.6.13)
-and record every constructor option, every ``plan()`` and every ``run()`` with
+The stand-in's paged wrappers take the real signatures (flashinfer-python 0.7.4:
+the decode plan's options after ``page_size`` by keyword, ``q_len_per_req`` on
+tensor cores only) and record every constructor option, every ``plan()`` and every ``run()`` with
 its arguments bound to FlashInfer's parameter names, whether passed by position
 or by keyword. ``run`` refuses a q whose head count (or head size) differs from
 the plan, and a run before any plan, then computes FlashInfer's documented
@@ -66,16 +67,19 @@ def _decode_plan_signature(
     num_kv_heads,
     head_dim,
     page_size,
+    *,
     pos_encoding_mode="NONE",
     window_left=-1,
     logits_soft_cap=None,
     q_data_type="float16",
     kv_data_type=None,
+    o_data_type=None,
     data_type=None,
     sm_scale=None,
     rope_scale=None,
     rope_theta=None,
     non_blocking=True,
+    q_len_per_req=1,
     **extra,
 ): ...
 
@@ -154,7 +158,8 @@ class _PagedWrapper:
                 f"q has {query.shape[1]} heads of size {query.shape[2]}, but the wrapper was "
                 f"planned for {num_qo_heads} query heads of size {head_dim}"
             )
-        rows = int(self._pages(plan).qo_indptr[-1])
+        pages = self._pages(plan)
+        rows = int(pages.qo_indptr[-1])
         if query.shape[0] != rows:  # FlashInfer's own row check (flashinfer #2801)
             raise PlanMismatchError(
                 f"q.shape[0] ({query.shape[0]}) does not match qo_indptr[-1] ({rows})"
@@ -168,7 +173,7 @@ class _PagedWrapper:
             query,
             key_cache,
             value_cache,
-            self._pages(plan),
+            pages,
             window_left=plan["window_left"],
             sm_scale=plan["sm_scale"] if plan["sm_scale"] is not None else head_dim**-0.5,
             logits_soft_cap=plan["logits_soft_cap"] or 0.0,
@@ -181,14 +186,25 @@ class _PagedWrapper:
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
-    """One query token per request: request i is row i."""
+    """``q_len_per_req`` query tokens per request (one unless planned otherwise): request i
+    owns rows ``i * q_len_per_req ..``, causal within them, as 0.7.4's tensor-core decode."""
 
     _plan_signature = _decode_plan_signature
+
+    def plan(self, *args, **kwargs) -> None:
+        super().plan(*args, **kwargs)
+        q_len_per_req = self.record.plans[-1]["q_len_per_req"]
+        if q_len_per_req < 1:
+            raise ValueError(f"q_len_per_req must be >= 1, got {q_len_per_req}")
+        if q_len_per_req > 1 and not self.record.options.get("use_tensor_cores", False):
+            raise ValueError(
+                "q_len_per_req > 1 requires tensor-core decode (use_tensor_cores=True)"
+            )
 
     def _pages(self, plan: Call) -> PagedRequests:
         num_requests = plan["last_page_len"].shape[0]
         return PagedRequests(
-            qo_indptr=torch.arange(num_requests + 1),
+            qo_indptr=torch.arange(num_requests + 1) * plan["q_len_per_req"],
             kv_indptr=plan["indptr"],
             kv_indices=plan["indices"],
             kv_last_page_len=plan["last_page_len"],

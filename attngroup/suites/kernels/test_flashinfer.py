@@ -19,7 +19,6 @@ from attngroup.kernels.backends.flashinfer_attn import (
     FlashInferMetadataBuilder,
     FlashInferPlanParams,
     StalePlanError,
-    expanded_decode_indices,
     paged_kv_indices,
 )
 from attngroup.kernels.metadata import CommonAttentionMetadata
@@ -67,15 +66,14 @@ def paged_batch(batch_name: str, window: int | None) -> PagedBatch:
 
 @pytest.mark.parametrize("window_name", list(WINDOWS))
 @pytest.mark.parametrize("batch_name", list(BATCHES))
-@pytest.mark.parametrize("expanded", [False, True], ids=["requests", "expanded-per-token"])
-def test_page_indices_reproduce_the_oracle(batch_name, window_name, expanded) -> None:
+def test_page_indices_reproduce_the_oracle(batch_name, window_name) -> None:
     """Our indices, read with FlashInfer's semantics, give the oracle's attention; with a
     window, the blocks that slid out (the null block in these batches) are left out."""
     window = WINDOWS[window_name]
     batch = paged_batch(batch_name, window)
     common = common_metadata(batch, BLOCK_SIZE)
     window_left = -1 if window is None else window - 1
-    pages = (expanded_decode_indices if expanded else paged_kv_indices)(common, window_left)
+    pages = paged_kv_indices(common, window_left)
     assert NULL_BLOCK not in pages.kv_indices.tolist(), "a slid-out block was listed"
     emulated = paged_attention(
         batch.query,
@@ -145,14 +143,14 @@ def test_plan_params_refuse_layers_that_disagree() -> None:
 
 
 @pytest.mark.parametrize(
-    ("heads", "head_size", "batch", "kind", "tensor_cores"),
+    ("heads", "head_size", "batch", "expected"),
     [
-        (8, 256, BatchSpec.decode(9, 4), "decode", True),
-        (4, 256, BatchSpec.decode(9, 4), "decode", True),
-        (8, 512, BatchSpec.decode(9, 4), "decode", False),
-        (8, 256, BatchSpec((9, 4), (4, 4)), "prefill", True),
-        (8, 512, BatchSpec((9, 4), (4, 4)), "expanded_decode", False),
-        (4, 512, BatchSpec((9, 4), (9, 1)), "expanded_decode", False),
+        (8, 256, BatchSpec.decode(9, 4), "decode/tensor-cores"),
+        (4, 256, BatchSpec.decode(9, 4), "decode/tensor-cores"),
+        (8, 512, BatchSpec.decode(9, 4), "decode/tensor-cores"),
+        (8, 256, BatchSpec((9, 4), (4, 4)), "prefill/fa2"),
+        (8, 512, BatchSpec((9, 4), (4, 4)), "prefill/fa2"),
+        (4, 512, BatchSpec((9, 4), (9, 1)), "prefill/fa2"),
     ],
     ids=[
         "g8-d256-decode",
@@ -163,9 +161,9 @@ def test_plan_params_refuse_layers_that_disagree() -> None:
         "g4-d512-mixed",
     ],
 )
-def test_plan_kind(heads, head_size, batch, kind, tensor_cores) -> None:
-    """Decode on tensor cores at every GQA group size (not at head 512, where they fail);
-    longer queries on the causal prefill kernel, or per-token decode at head 512."""
+def test_plan_choice(heads, head_size, batch, expected) -> None:
+    """Decode on tensor cores at every GQA group size and head size; longer queries (verify
+    and mixed) on FA2 prefill."""
     plan = FlashInferPlanParams.for_group(
         spec(head_size), [layer(heads=heads, head_size=head_size)], num_qo_heads=heads
     )
@@ -173,8 +171,7 @@ def test_plan_kind(heads, head_size, batch, kind, tensor_cores) -> None:
     common = CommonAttentionMetadata.from_seq_lens(
         batch.seq_lens, batch.query_lens, table, 32, "cpu"
     )
-    assert plan.plan_kind(common) == kind
-    assert plan.use_tensor_core_decode is tensor_cores
+    assert plan.choice(common).describe() == expected
 
 
 def test_plan_refuses_query_with_other_head_count() -> None:

@@ -1,4 +1,4 @@
-"""The FlashInfer backend's wrapper choice table: one rule per head size and query length.
+"""The FlashInfer backend's wrapper choice table: one rule per head size and query shape.
 
 The GPU kernel suite runs every chosen path against the oracle; here the rule
 itself is checked on the CPU: which wrapper and options each geometry gets, and
@@ -11,46 +11,73 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from attngroup.kernels.backends.flashinfer_attn import (
+    FA2_PREFILL,
+    TENSOR_CORE_DECODE,
+    VERIFY_DECODE,
     WRAPPER_CHOICES,
     WrapperChoice,
     choose_wrapper,
+    query_shape,
 )
 
 pytestmark = pytest.mark.kernels
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
+HEAD_SIZES = (64, 128, 256, 512)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_SIZES, ids=lambda size: f"d{size}")
+@pytest.mark.parametrize(
+    ("queries", "expected"),
+    [("single", TENSOR_CORE_DECODE), ("uniform", FA2_PREFILL), ("mixed", FA2_PREFILL)],
+    ids=["decode", "verify", "mixed"],
+)
+def test_choice_per_geometry(head_dim: int, queries, expected: WrapperChoice) -> None:
+    """FlashInfer 0.7.4 runs the tensor-core decode at every head size, and any longer query
+    on FA2 prefill (a hair faster on verify than its decode with q_len_per_req)."""
+    assert choose_wrapper(head_dim, queries) == expected
+
 
 @pytest.mark.parametrize(
-    ("head_dim", "multi_token", "expected"),
-    [
-        (128, False, WrapperChoice("decode", tensor_cores=True, prefill_backend=None)),
-        (256, False, WrapperChoice("decode", tensor_cores=True, prefill_backend=None)),
-        (128, True, WrapperChoice("prefill", tensor_cores=True, prefill_backend="fa2")),
-        (256, True, WrapperChoice("prefill", tensor_cores=True, prefill_backend="fa2")),
-        (512, False, WrapperChoice("decode", tensor_cores=False, prefill_backend=None)),
-        (512, True, WrapperChoice("expanded_decode", tensor_cores=False, prefill_backend=None)),
-    ],
-    ids=["d128-decode", "d256-decode", "d128-verify", "d256-verify", "d512-decode", "d512-verify"],
+    ("query_lens", "expected"),
+    [((1, 1, 1), "single"), ((4, 4), "uniform"), ((4, 1), "mixed"), ((9, 4, 4), "mixed")],
+    ids=["one-token", "verify", "verify-and-decode", "prefill-chunk"],
 )
-def test_choice_per_geometry(head_dim: int, multi_token: bool, expected: WrapperChoice) -> None:
-    """Tensor-core decode and FA2 prefill up to head 256; CUDA-core decode at head 512."""
-    assert choose_wrapper(head_dim, multi_token) == expected
+def test_query_shape(query_lens: tuple[int, ...], expected: str) -> None:
+    assert query_shape(torch.tensor(query_lens)) == expected
 
 
 def test_no_choice_beyond_head_512() -> None:
     with pytest.raises(ValueError, match="no wrapper choice for head size 1024"):
-        choose_wrapper(1024, multi_token=False)
+        choose_wrapper(1024, "single")
 
 
-def test_no_row_uses_fa3_or_cuda_core_decode_below_head_512() -> None:
-    """The two slow paths the measurements ruled out stay out of the table."""
+@pytest.mark.parametrize(
+    ("choice", "serves"),
+    [
+        (TENSOR_CORE_DECODE, {"single"}),
+        (WrapperChoice("decode", tensor_cores=False), {"single"}),
+        (VERIFY_DECODE, {"uniform"}),
+        (WrapperChoice("decode", tensor_cores=False, q_len_per_req=True), set()),
+        (FA2_PREFILL, {"single", "uniform", "mixed"}),
+    ],
+    ids=lambda value: value.describe() if isinstance(value, WrapperChoice) else "",
+)
+def test_which_batches_a_wrapper_serves(choice: WrapperChoice, serves: set[str]) -> None:
+    """Decode takes one token per request, or one uniform length with q_len_per_req (tensor
+    cores only, as FlashInfer 0.7.4 requires)."""
+    assert {
+        queries for queries in ("single", "uniform", "mixed") if choice.serves(queries)
+    } == serves
+
+
+def test_every_row_serves_its_queries() -> None:
     for row in WRAPPER_CHOICES:
-        assert row.choice.prefill_backend in (None, "fa2")
-        if row.max_head_dim <= 256:
-            assert row.choice.tensor_cores
+        assert row.choice.serves(row.queries), row.choice.describe()
 
 
 @pytest.mark.parametrize("row", WRAPPER_CHOICES, ids=lambda row: row.choice.describe())

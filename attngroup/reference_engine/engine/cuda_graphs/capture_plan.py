@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from attngroup.kernels.backends.cuda_graph_support import GroupGeometry, graph_support
-from attngroup.kernels.backends.flashinfer_attn import choose_wrapper
 
 BUCKET_LADDER = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Batch sizes captured, up to ``max_num_seqs`` (which is always one; vLLM's ladder is alike)."""
@@ -182,13 +181,7 @@ def _buffers(
 ) -> GroupBuffers:
     width = widths[group.kv_cache_group]
     num_tokens = bucket * query_len
-    geometry = group.geometry
-    # FlashInfer's expanded decode (head 512 verify) plans every token as its own request.
-    expanded = (
-        geometry.backend == "flashinfer"
-        and choose_wrapper(geometry.head_size, multi_token=query_len > 1).kind == "expanded_decode"
-    )
-    planned = num_tokens if expanded else bucket
+    planned = bucket  # every FlashInfer choice plans one entry per request
     return GroupBuffers(
         group=group.name,
         num_reqs=bucket,
