@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine WITH network: download what an offline GPU machine (Python 3.12, CUDA 13, torch 2.11
 # preinstalled) lacks to run `nox -s gpu_tests`, at the versions of requirements/lock.txt: FlashInfer
-# with its two helpers in DIR, and in DIR/tools nox, jsonschema, import-linter and buildkite-sdk (its
+# with its two helpers in DIR, and in DIR/tools nox, jsonschema, import-linter, coverage, pytest-cov (the
+# runtime-coverage tests of check-deps; both without dependencies) and buildkite-sdk (its
 # pipeline schema only, so without its dependencies) for the CI harness tests. FlashInfer's wheel
 # (101 MB for 0.7.4) is over the 64 MiB a GPU call may carry: it travels as DIR/NAME.tar.xz, its
 # unmodified contents xz-compressed (26 MB), which scripts/gpu_tests.sh unpacks where pip would.
@@ -24,6 +25,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
   --platform any -c "$lock" -d "$dir/tools" nox jsonschema import-linter
 python3 -m pip download -q --no-deps --only-binary=:all: -d "$dir/tools" "$(pinned buildkite-sdk)"
+# Without their dependencies: the image's own pytest stays the one that runs.
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
+  --platform any -d "$dir/tools" "$(pinned coverage)" "$(pinned pytest-cov)"
 for wheel in "$dir"/flashinfer_python-*.whl; do
   unpacked=$(mktemp -d)
   python3 -m zipfile -e "$wheel" "$unpacked"
