@@ -49,14 +49,38 @@ def passes() -> list[StepRows]:
     return []
 
 
+def eager_decode_pass(model: nn.Module, forward_context):
+    """``DraftInputs.decode_pass`` as the model runner serves it without CUDA graphs: one
+    metadata build per decode pass, shared by the calls of that pass."""
+
+    def decode_pass(rows: StepRows):
+        contexts: list = []
+
+        def step(token_ids, *extra):
+            if not contexts:
+                contexts.append(forward_context(rows))
+            return model(token_ids, *extra, contexts[0])
+
+        return step
+
+    return decode_pass
+
+
 def drafter(cls, passes: list[StepRows]):
     target_hidden = HiddenStateBuffer()
     target_hidden.write("r", 0, torch.zeros(16, HIDDEN))
+    model = StandInDraft(conditioned=cls is not DraftModelDrafter)
+
+    def forward_context(rows: StepRows) -> StepRows:
+        passes.append(rows)
+        return rows
+
     inputs = DraftInputs(
-        model=StandInDraft(conditioned=cls is not DraftModelDrafter),
+        model=model,
         device=torch.device("cpu"),
-        forward_context=lambda rows: passes.append(rows),
+        forward_context=forward_context,
         target_hidden=target_hidden,
+        decode_pass=eager_decode_pass(model, forward_context),
     )
     return cls(inputs)
 
