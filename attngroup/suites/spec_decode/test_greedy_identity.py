@@ -24,6 +24,7 @@ import torch
 
 from attngroup.suites.spec_decode.harness import (
     DTYPES,
+    ON_GPU,
     PAIRS,
     VerifyRecord,
     engine_cases,
@@ -65,6 +66,27 @@ def test_spec_decode_greedy(
     assert spec.accepted_per_position[k - 1] > 0, (
         "no verification accepted all k drafts (bonus token)"
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("pair", PAIRS)
+def test_spec_decode_greedy_from_cuda_graphs(engines, target_only_tokens, pair: str) -> None:
+    """With the uniform steps (verify, draft decode, target decode) replayed from CUDA
+    graphs, greedy speculative decoding with the real drafter (k = 3) still emits the eager
+    target's own greedy tokens (Triton, fp32: the dtype where identity is demanded)."""
+    prompts = prompts_for(pair)
+    reference = target_only_tokens(pair, "triton", "fp32")
+    engine = engines.engine(
+        pair, backend="triton", dtype=DTYPES["fp32"], num_spec_tokens=3, cuda_graph=True
+    )
+
+    outputs = greedy_generate(engine, prompts)
+
+    assert outputs == reference, "speculative decoding from CUDA graphs changed the tokens"
+    assert engine.stats.spec.num_draft_tokens > 0
+    replays = engine.runner.cuda_graphs.counts
+    assert sum(n for (_, path), n in replays.items() if path == "graph") > 0, dict(replays)
 
 
 def _check_bf16_verification(engines, pair, backend, engine, prompts, outputs) -> None:
