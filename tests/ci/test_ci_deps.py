@@ -179,6 +179,42 @@ def test_declared_paths_that_do_not_exist(planted):
     assert _report(planted).steps[0].missing_declared == ("enigne/",)
 
 
+def test_whole_repository_report_leads_with_dead_entries_then_unrun_tests(planted):
+    """What a maintainer can act on as it stands comes first: each declared entry that matches
+    no file at its own YAML line, then the tests no step runs, and only then the ranked gaps."""
+    area = PLANTED[".buildkite/test_areas/spec.yaml"].replace(
+        "- engine/\n",
+        "- engine/\n              - enigne/\n              - '!suites/spec/gone.py'\n",
+    )
+    write_tree(planted, {".buildkite/test_areas/spec.yaml": area})
+    result = run_cli("check-deps", "--repo", str(planted))
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[1:7] == [
+        "declared paths that match no file: 2 entries in 1 steps",
+        "  .buildkite/test_areas/spec.yaml:9: enigne/ (spec-mtp)",
+        "  .buildkite/test_areas/spec.yaml:10: !suites/spec/gone.py (spec-mtp)",
+        "tests run by no step: 1",
+        "  tests/test_unowned.py",
+        "steps with gaps, most gaps first: 1",
+    ]
+    assert lines[7].startswith("[FAIL] spec-mtp (.buildkite/test_areas/spec.yaml:4): 5 gaps")
+    document = json.loads(run_cli("check-deps", "--repo", str(planted), "--json").stdout)
+    assert_matches_schema(document, "ci-check-deps")
+    assert document["missing_declared"] == [
+        {
+            "location": ".buildkite/test_areas/spec.yaml:9",
+            "entry": "enigne/",
+            "steps": ["spec-mtp"],
+        },
+        {
+            "location": ".buildkite/test_areas/spec.yaml:10",
+            "entry": "!suites/spec/gone.py",
+            "steps": ["spec-mtp"],
+        },
+    ]
+
+
 IMPORT_FORMS = {
     "absolute": "import pkg.target",
     "from-package-import-module": "from pkg import target",
@@ -336,6 +372,7 @@ def test_check_deps_json_report(planted):
         "kernels/__init__.py",
     ]
     assert document["orphan_tests"] == ["tests/test_unowned.py"]
+    assert document["missing_declared"] == []
 
 
 @pytest.mark.parametrize(

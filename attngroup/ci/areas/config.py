@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attngroup.ci.areas.yaml_source import line_of, load_yaml, to_plain
+from attngroup.ci.areas.yaml_source import item_lines, line_of, load_yaml, to_plain
 from attngroup.ci.errors import CIInputError, CIInputErrors, Location
 
 # A checker returns None for a good value, else what the value should have been.
@@ -225,6 +225,8 @@ class Step:
     # Keys handed to Buildkite unchanged (timeout_in_minutes, retry, env, parallelism, ...).
     passthrough: Mapping[str, Any] = field(default_factory=dict)
     mirror: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Line of each declared dependency entry in ``file`` (the step's own and its mirrors').
+    declared_lines: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def dependencies(self) -> tuple[str, ...]:
@@ -449,7 +451,19 @@ def _load_step(
         dind=raw.get("dind"),
         passthrough={name: to_plain(raw[name]) for name in PASSTHROUGH_KEYS if name in raw},
         mirror=mirror,
+        declared_lines=_declared_lines(raw),
     )
+
+
+def _declared_lines(raw: Mapping[str, Any]) -> dict[str, int]:
+    """Entry -> line for the step's ``source_file_dependencies`` and its mirrors' lists."""
+    lines = item_lines(raw.get("source_file_dependencies"))
+    mirror = raw.get("mirror")
+    for body in mirror.values() if isinstance(mirror, Mapping) else ():
+        if isinstance(body, Mapping):
+            for entry, line in item_lines(body.get("source_file_dependencies")).items():
+                lines.setdefault(entry, line)
+    return lines
 
 
 def load_test_area_file(

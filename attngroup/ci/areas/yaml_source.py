@@ -1,7 +1,9 @@
 """YAML parsing that remembers line numbers and rejects duplicate mapping keys.
 
 PyYAML silently keeps the last of two equal keys and forgets positions; a strict loader needs
-both, so every mapping becomes a ``LocatedDict`` that knows the line of each of its keys.
+both, so every mapping becomes a ``LocatedDict`` that knows the line of each of its keys, and
+every sequence a ``LocatedList`` that knows the line of each item (a dead dependency entry is
+reported at its own line).
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ class LocatedDict(dict):
 
     line: int
     key_lines: dict[Any, int]
+
+
+class LocatedList(list):
+    """A YAML sequence with the 1-based line of each item."""
+
+    item_lines: list[int]
 
 
 # libyaml's parser when PyYAML was built with it (about 5x faster on vLLM's 0.5 MB of YAML).
@@ -47,7 +55,16 @@ def _construct_mapping(loader: _LocatingLoader, node: yaml.MappingNode) -> Locat
     return mapping
 
 
+def _construct_sequence(loader: _LocatingLoader, node: yaml.SequenceNode) -> LocatedList:
+    sequence = LocatedList(loader.construct_object(item, deep=True) for item in node.value)
+    sequence.item_lines = [item.start_mark.line + 1 for item in node.value]
+    return sequence
+
+
 _LocatingLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LocatingLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence
+)
 
 
 def load_yaml(path: Path, display_path: str | None = None) -> Any:
@@ -76,6 +93,17 @@ def line_of(mapping: Any, key: Any) -> int:
     if isinstance(mapping, LocatedDict):
         return mapping.key_lines.get(key, mapping.line)
     return 0
+
+
+def item_lines(sequence: Any) -> dict[Any, int]:
+    """Item -> line of its first occurrence, for a sequence loaded from YAML (else empty)."""
+    if not isinstance(sequence, LocatedList):
+        return {}
+    lines: dict[Any, int] = {}
+    for item, line in zip(sequence, sequence.item_lines, strict=True):
+        if isinstance(item, str):
+            lines.setdefault(item, line)
+    return lines
 
 
 def to_plain(value: Any) -> Any:

@@ -64,6 +64,7 @@ class StepReport:
     reachable: int = 0
     gaps: tuple[Gap, ...] = ()
     missing_declared: tuple[str, ...] = ()
+    declared_at: tuple[tuple[str, str], ...] = ()  # (missing entry, YAML "file:line")
     problems: tuple[str, ...] = ()  # unparseable commands, missing test paths, empty filters
     ignored: tuple[tuple[str, str], ...] = ()  # (path, reason)
     off_platform: frozenset[str] = frozenset()  # platform modules its device never imports
@@ -79,6 +80,10 @@ class StepReport:
         static = {gap.suggestion for gap in self.gaps if gap.kind == STATIC}
         ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
         return [(entry, n, STATIC if entry in static else REGISTRY) for entry, n in ranked]
+
+    def where_declared(self, entry: str) -> str:
+        """The YAML ``file:line`` of a declared entry (the step's line if unknown)."""
+        return dict(self.declared_at).get(entry, self.location)
 
 
 @dataclass(frozen=True)
@@ -347,6 +352,7 @@ class DependencyChecker:
             *scope.problems,
             *_selection_problems(self.repo_root, scope, step.key, selected, inventory),
         ]
+        missing = _missing_declared(step, self.repo_root)
         return StepReport(
             key=step.key,
             location=f"{step.file}:{step.line}",
@@ -354,7 +360,11 @@ class DependencyChecker:
             roots=scope.roots,
             reachable=bin(reachable).count("1"),
             gaps=tuple(gaps),
-            missing_declared=tuple(_missing_declared(step, self.repo_root)),
+            missing_declared=tuple(missing),
+            declared_at=tuple(
+                (entry, f"{step.file}:{step.declared_lines.get(entry, step.line)}")
+                for entry in missing
+            ),
             problems=tuple(problems),
             ignored=tuple(ignored),
             off_platform=self.off_platform(step),

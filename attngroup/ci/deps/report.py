@@ -1,9 +1,11 @@
 """check-deps output: short, ranked text for people and bounded JSON for tools.
 
 A whole-repository run on vLLM finds thousands of gaps; listing them all (the old report: 105
-to 210 MB) buries the finding. The report ranks steps by gap count and, per step, the entries
-to add by how many gaps each covers, with one import chain as evidence; JSON carries counts
-and entries, never one record per gap, so it stays small.
+to 210 MB) buries the finding. The report leads with what a maintainer can act on as it stands,
+declared entries that match no file (at their YAML line) and tests no step runs; then it ranks
+steps by gap count and, per step, the entries to add by how many gaps each covers, with one
+import chain as evidence; JSON carries counts and entries, never one record per gap, so it
+stays small.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from attngroup.ci.selection.select_steps import Selection
 TOP_STEPS = 10  # steps shown in detail without --verbose
 TOP_ENTRIES = 3  # entries to add shown per step without --verbose
 JSON_ENTRIES = 25  # entries to add per step in --json (the rest are counted)
+TOP_DEAD = 8  # declared entries that match no file shown without --verbose
+GROUP_KEYS = 3  # step keys named per chain group or dead entry without -v
 
 
 def _kinds(step: StepReport) -> str:
@@ -41,8 +45,53 @@ def _ranked(report: DependencyReport) -> list[StepReport]:
     return sorted(failing, key=lambda step: (-len(step.gaps), step.key))
 
 
+def dead_entries(report: DependencyReport) -> list[tuple[str, str, list[str]]]:
+    """(YAML ``file:line``, entry, step keys) for each declared entry that matches no file,
+    in file and line order: a step with one never runs for the change its author meant
+    (mirrors repeat their parent's entries at the same line, so they group there)."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for step in report.steps:
+        for entry in step.missing_declared:
+            grouped.setdefault((step.where_declared(entry), entry), []).append(step.key)
+
+    def order(item: tuple[tuple[str, str], list[str]]) -> tuple[str, int, str]:
+        (location, entry), _ = item
+        file, _, line = location.rpartition(":")
+        return (file, int(line) if line.isdigit() else 0, entry)
+
+    return [
+        (location, entry, keys) for (location, entry), keys in sorted(grouped.items(), key=order)
+    ]
+
+
+def _dead_entry_lines(report: DependencyReport, verbose: bool) -> list[str]:
+    dead = dead_entries(report)
+    steps = len({key for _, _, keys in dead for key in keys})
+    lines = [f"declared paths that match no file: {len(dead)} entries in {steps} steps"]
+    for location, entry, keys in dead if verbose else dead[:TOP_DEAD]:
+        shown = keys if verbose else keys[:GROUP_KEYS]
+        more = f" and {len(keys) - len(shown)} more" if len(keys) > len(shown) else ""
+        lines.append(f"  {location}: {entry} ({', '.join(shown)}{more})")
+    if len(dead) > TOP_DEAD and not verbose:
+        lines.append(f"  ... {len(dead) - TOP_DEAD} more entries (-v or --json lists all)")
+    return lines
+
+
+def _orphan_lines(report: DependencyReport, verbose: bool) -> list[str]:
+    orphans = report.orphan_tests if verbose else report.orphan_tests[:TOP_STEPS]
+    lines = [f"tests run by no step: {len(report.orphan_tests)}"]
+    lines.extend(f"  {orphan}" for orphan in orphans)
+    if len(report.orphan_tests) > len(orphans):
+        lines.append(
+            f"  ... {len(report.orphan_tests) - len(orphans)} more (-v or --json lists all)"
+        )
+    return lines
+
+
 def format_report(report: DependencyReport, graph: ImportGraph, verbose: bool = False) -> str:
-    """Summary line, then the failing steps ranked by gap count with their top entries."""
+    """Summary line, then what is actionable as it stands: declared entries that match no file
+    (at their YAML line), tests no step runs; only then the failing steps ranked by gap count
+    with the entries that would cover the most gaps."""
     ranked = _ranked(report)
     gaps = [gap for step in report.steps for gap in step.gaps]
     static = sum(gap.kind == STATIC for gap in gaps)
@@ -52,7 +101,11 @@ def format_report(report: DependencyReport, graph: ImportGraph, verbose: bool = 
         f"run by no step; {report.modules_indexed} modules indexed"
         + (f"; {report.known} known findings in the baseline" if report.known else "")
     ]
-    shown = ranked if verbose else ranked[:TOP_STEPS]
+    lines.extend(_dead_entry_lines(report, verbose))
+    lines.extend(_orphan_lines(report, verbose))
+    with_gaps = [step for step in ranked if step.gaps or step.problems]
+    lines.append(f"steps with gaps, most gaps first: {len(with_gaps)}")
+    shown = with_gaps if verbose else with_gaps[:TOP_STEPS]
     for step in shown:
         lines.append(f"[FAIL] {step.key} ({step.location}): {len(step.gaps)} gaps ({_kinds(step)})")
         entries = step.entries_to_add()
@@ -64,20 +117,15 @@ def format_report(report: DependencyReport, graph: ImportGraph, verbose: bool = 
                 lines.append(f"        {graph.format_chain(example_chain(graph, step, entry))}")
         if len(entries) > TOP_ENTRIES and not verbose:
             lines.append(f"    ... {len(entries) - TOP_ENTRIES} more entries (-v lists all)")
-        lines.extend(f"    declared path does not exist: {item}" for item in step.missing_declared)
         lines.extend(f"    problem: {problem}" for problem in step.problems)
         if verbose:
             lines.extend(f"    ignored: {path} ({reason})" for path, reason in step.ignored)
-    if len(ranked) > len(shown):
-        rest = ranked[len(shown) :]
+    if len(with_gaps) > len(shown):
+        rest = with_gaps[len(shown) :]
         lines.append(
-            f"... {len(rest)} more failing steps with {sum(len(s.gaps) for s in rest)} gaps "
+            f"... {len(rest)} more steps with {sum(len(s.gaps) for s in rest)} gaps "
             "(-v or --json lists them)"
         )
-    orphans = report.orphan_tests if verbose else report.orphan_tests[:TOP_STEPS]
-    lines.extend(f"test run by no step: {orphan}" for orphan in orphans)
-    if len(report.orphan_tests) > len(orphans):
-        lines.append(f"... {len(report.orphan_tests) - len(orphans)} more tests run by no step")
     lines.extend(f"warning: ignore entry matches nothing: {item}" for item in report.stale_ignores)
     lines.append("no dependency gaps" if report.ok else "dependency check FAILED")
     return "\n".join(lines)
@@ -122,6 +170,10 @@ def report_json(report: DependencyReport, graph: ImportGraph) -> dict:
             "modules_indexed": report.modules_indexed,
             "known_in_baseline": report.known,
         },
+        "missing_declared": [
+            {"location": location, "entry": entry, "steps": keys}
+            for location, entry, keys in dead_entries(report)
+        ],
         "steps": steps,
         "orphan_tests": list(report.orphan_tests),
         "stale_ignores": list(report.stale_ignores),
@@ -178,7 +230,6 @@ TIER_HEADINGS = {
     TIER_WEAK: "(c) only registry strings or function-local imports reach it",
 }
 TIER_GROUPS = {TIER_STATIC: 8, TIER_NAMED: 4, TIER_WEAK: 2}  # chain groups shown without -v
-GROUP_KEYS = 3  # step keys named per chain group without -v
 
 
 def _groups(items: list[MissedTrigger]) -> list[list[MissedTrigger]]:
