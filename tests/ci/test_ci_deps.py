@@ -96,7 +96,7 @@ def test_planted_backend_gap_is_found_by_kind_with_its_chain(planted):
         ("kernels/common.py", "registry"),
         ("kernels/registry.py", "static"),
     ]
-    assert step.entries_to_add() == [("kernels/", 5, "static")]
+    assert step.entries_to_add() == [("kernels/", 5, "static", 2)]
     graph = ImportGraph.scan(planted, registries=["kernels/registry.py"])
     assert graph.chain(step.roots, "kernels/backends/triton_attn.py") == (
         (
@@ -114,10 +114,11 @@ def test_planted_backend_gap_is_found_by_kind_with_its_chain(planted):
 def test_check_deps_exit_code_and_fix_keeps_comments_and_order(planted):
     before = run_cli("check-deps", "--repo", str(planted))
     assert before.exit_code == 1
-    assert "[FAIL] spec-mtp (.buildkite/test_areas/spec.yaml:4): 5 gaps (2 static, 3 registry)" in (
-        before.stdout
+    assert (
+        "[FAIL] spec-mtp (.buildkite/test_areas/spec.yaml:4): 5 gaps (2 static, 3 registry; 2 tier a)"
+        in (before.stdout)
     )
-    assert "    add 'kernels/': covers 5 static gaps\n" in before.stdout
+    assert "    add 'kernels/': covers 5 static gaps (2 tier a)\n" in before.stdout
     (planted / "tests/test_unowned.py").unlink()
     fixed = run_cli("check-deps", "--repo", str(planted), "--fix")
     assert fixed.exit_code == 0, fixed.stdout
@@ -196,7 +197,7 @@ def test_whole_repository_report_leads_with_dead_entries_then_unrun_tests(plante
         "  .buildkite/test_areas/spec.yaml:10: !suites/spec/gone.py (spec-mtp)",
         "tests run by no step: 1",
         "  tests/test_unowned.py",
-        "steps with gaps, most gaps first: 1",
+        "steps with gaps, most tier-(a) gaps (imported on the step's device) first: 1",
     ]
     assert lines[7].startswith("[FAIL] spec-mtp (.buildkite/test_areas/spec.yaml:4): 5 gaps")
     document = json.loads(run_cli("check-deps", "--repo", str(planted), "--json").stdout)
@@ -213,6 +214,48 @@ def test_whole_repository_report_leads_with_dead_entries_then_unrun_tests(plante
             "steps": ["spec-mtp"],
         },
     ]
+
+
+# A kernel test that imports its kernels and, through a model registry's strings, a model
+# package with more files than the kernels have: the model package must not lead.
+KERNEL_AND_MODELS = {
+    ".buildkite/ci_config.yaml": RUN_CONFIG
+    + "dependency_check:\n  test_roots: [tests]\n  registries: [models/registry.py]\n",
+    ".buildkite/test_areas/kernels.yaml": """\
+        group: Kernels
+        steps:
+          - label: Kernel ops
+            key: kernel-ops
+            device: cpu
+            source_file_dependencies:
+              - tests/kernels/
+            commands:
+              - python -m pytest tests/kernels
+        """,
+    "kernels/__init__.py": "",
+    "kernels/ops.py": "from kernels.scale import SCALE\n",
+    "kernels/scale.py": "SCALE = 1\n",
+    "models/__init__.py": "",
+    "models/registry.py": (
+        'MODELS = {"a": "models.big.a.A", "b": "models.big.b.B", "c": "models.big.c.C"}\n'
+    ),
+    "models/big/__init__.py": "",
+    **{f"models/big/{name}.py": f"class {name.upper()}: ...\n" for name in "abc"},
+    "tests/kernels/test_ops.py": (
+        "import kernels.ops\nimport models.registry\n\n"
+        "def test_scale():\n    assert kernels.ops.SCALE == 1\n"
+    ),
+}
+
+
+def test_entries_to_add_rank_tier_a_evidence_before_registry_reach(tmp_path):
+    write_tree(tmp_path, KERNEL_AND_MODELS)
+    (step,) = _report(tmp_path).steps
+    entries = step.entries_to_add()
+    assert [(item.entry, item.gaps, item.tier_a) for item in entries] == [
+        ("kernels/", 3, 3),
+        ("models/", 6, 2),
+    ], "kernels/ has fewer gaps but more tier-(a) evidence; most of models/ only by registry"
 
 
 IMPORT_FORMS = {
@@ -363,9 +406,9 @@ def test_check_deps_json_report(planted):
     assert result.exit_code == 1 and document["ok"] is False
     (step,) = document["steps"]
     assert step["gaps"] == {"static": 2, "registry": 3}
-    assert [(item["entry"], item["gaps"], item["kind"]) for item in step["add"]] == [
-        ("kernels/", 5, "static")
-    ]
+    assert [
+        (item["entry"], item["gaps"], item["kind"], item["tier_a"]) for item in step["add"]
+    ] == [("kernels/", 5, "static", 2)]
     assert step["add"][0]["example"] == [
         "suites/conftest.py",
         "engine/builder.py",

@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from attngroup.ci.areas.config import RunConfig, Step, TestAreas
 from attngroup.ci.areas.entries import matches_dependency, matching_entry, split_dependencies
@@ -53,6 +54,16 @@ class Gap:
     path: str
     kind: str  # "static" (an import chain) or "registry" (only via a registry's strings)
     suggestion: str  # the shortest entry that covers it without covering unreachable files
+    tier_a: bool = False  # module-level imports reach it on the step's device (change tier a)
+
+
+class EntryToAdd(NamedTuple):
+    """A suggested ``source_file_dependencies`` entry and the gaps it would cover."""
+
+    entry: str
+    gaps: int
+    kind: str  # ``registry`` when every gap under the entry is a registry gap
+    tier_a: int  # of ``gaps``, those module-level imports reach on the step's device
 
 
 @dataclass(frozen=True)
@@ -73,13 +84,22 @@ class StepReport:
     def ok(self) -> bool:
         return not (self.gaps or self.missing_declared or self.problems)
 
-    def entries_to_add(self) -> list[tuple[str, int, str]]:
-        """(entry, gaps it covers, kind) ranked by gaps covered; kind is ``registry`` when
-        every gap under the entry is a registry gap."""
+    def entries_to_add(self) -> list[EntryToAdd]:
+        """Entries ranked by the tier-(a) gaps they cover, then by all gaps: a directory the
+        step reaches only through registry strings or function-local imports (a model
+        package behind a kernel test's registry) ranks behind one its tests import."""
         counts = Counter(gap.suggestion for gap in self.gaps)
+        tier_a = Counter(gap.suggestion for gap in self.gaps if gap.tier_a)
         static = {gap.suggestion for gap in self.gaps if gap.kind == STATIC}
-        ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-        return [(entry, n, STATIC if entry in static else REGISTRY) for entry, n in ranked]
+        ranked = sorted(counts.items(), key=lambda item: (-tier_a[item[0]], -item[1], item[0]))
+        return [
+            EntryToAdd(entry, n, STATIC if entry in static else REGISTRY, tier_a[entry])
+            for entry, n in ranked
+        ]
+
+    @property
+    def tier_a_gaps(self) -> int:
+        return sum(gap.tier_a for gap in self.gaps)
 
     def where_declared(self, entry: str) -> str:
         """The YAML ``file:line`` of a declared entry (the step's line if unknown)."""
@@ -339,6 +359,7 @@ class DependencyChecker:
         known: dict[str, str | None] = {}
         ignores = self.config.dependency_check.ignore.get(step.key, {})
         static_gaps = set(members(static & ~covered))
+        module_level = self.graph.reach(scope.roots, (MODULE_LEVEL,), self.off_platform(step))
         gaps, ignored = [], []
         for index in members(reachable & ~covered):
             path = self.graph.nodes[index]
@@ -347,7 +368,8 @@ class DependencyChecker:
                 ignored.append((path, reason))
                 continue
             kind = STATIC if index in static_gaps else REGISTRY
-            gaps.append(Gap(path, kind, self.coverage.suggest(path, outside, known)))
+            suggestion = self.coverage.suggest(path, outside, known)
+            gaps.append(Gap(path, kind, suggestion, tier_a=bool(module_level >> index & 1)))
         problems = [
             *scope.problems,
             *_selection_problems(self.repo_root, scope, step.key, selected, inventory),
