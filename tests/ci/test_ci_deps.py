@@ -96,7 +96,7 @@ def test_planted_backend_gap_is_found_by_kind_with_its_chain(planted):
         ("kernels/common.py", "registry"),
         ("kernels/registry.py", "static"),
     ]
-    assert step.entries_to_add() == [("kernels/", 5, "static", 2)]
+    assert step.entries_to_add() == [("kernels/", 5, "static", 2, 0)]
     graph = ImportGraph.scan(planted, registries=["kernels/registry.py"])
     assert graph.chain(step.roots, "kernels/backends/triton_attn.py") == (
         (
@@ -118,7 +118,10 @@ def test_check_deps_exit_code_and_fix_keeps_comments_and_order(planted):
         "[FAIL] spec-mtp (.buildkite/test_areas/spec.yaml:4): 5 gaps (2 static, 3 registry; 2 tier a)"
         in (before.stdout)
     )
-    assert "    add 'kernels/': covers 5 static gaps (2 tier a)\n" in before.stdout
+    assert (
+        "    add 'kernels/': covers 5 static gaps (2 tier a, 0 imported by its tests)\n"
+        in before.stdout
+    )
     (planted / "tests/test_unowned.py").unlink()
     fixed = run_cli("check-deps", "--repo", str(planted), "--fix")
     assert fixed.exit_code == 0, fixed.stdout
@@ -217,7 +220,8 @@ def test_whole_repository_report_leads_with_dead_entries_then_unrun_tests(plante
 
 
 # A kernel test that imports its kernels and, through a model registry's strings, a model
-# package with more files than the kernels have: the model package must not lead.
+# package with more files than the kernels have; the kernels import a library package the test
+# never imports itself. Neither the model package nor the library may lead.
 KERNEL_AND_MODELS = {
     ".buildkite/ci_config.yaml": RUN_CONFIG
     + "dependency_check:\n  test_roots: [tests]\n  registries: [models/registry.py]\n",
@@ -234,7 +238,9 @@ KERNEL_AND_MODELS = {
         """,
     "kernels/__init__.py": "",
     "kernels/ops.py": "from kernels.scale import SCALE\n",
-    "kernels/scale.py": "SCALE = 1\n",
+    "kernels/scale.py": "import lib.x\nimport lib.y\nimport lib.z\nSCALE = 1\n",
+    "lib/__init__.py": "",
+    **{f"lib/{name}.py": "" for name in "xyz"},
     "models/__init__.py": "",
     "models/registry.py": (
         'MODELS = {"a": "models.big.a.A", "b": "models.big.b.B", "c": "models.big.c.C"}\n'
@@ -252,10 +258,12 @@ def test_entries_to_add_rank_tier_a_evidence_before_registry_reach(tmp_path):
     write_tree(tmp_path, KERNEL_AND_MODELS)
     (step,) = _report(tmp_path).steps
     entries = step.entries_to_add()
-    assert [(item.entry, item.gaps, item.tier_a) for item in entries] == [
-        ("kernels/", 3, 3),
-        ("models/", 6, 2),
-    ], "kernels/ has fewer gaps but more tier-(a) evidence; most of models/ only by registry"
+    assert [(item.entry, item.gaps, item.tier_a, item.direct) for item in entries] == [
+        ("kernels/", 3, 3, 2),
+        ("models/", 6, 2, 2),
+        ("lib/", 4, 4, 0),
+    ], "kernels/ has fewer gaps but more tier-(a) evidence; most of models/ only by registry; "
+    "lib/ has the most tier-(a) gaps but the test imports it only through kernels/"
 
 
 IMPORT_FORMS = {
@@ -407,8 +415,9 @@ def test_check_deps_json_report(planted):
     (step,) = document["steps"]
     assert step["gaps"] == {"static": 2, "registry": 3}
     assert [
-        (item["entry"], item["gaps"], item["kind"], item["tier_a"]) for item in step["add"]
-    ] == [("kernels/", 5, "static", 2)]
+        (item["entry"], item["gaps"], item["kind"], item["tier_a"], item["imported_by_tests"])
+        for item in step["add"]
+    ] == [("kernels/", 5, "static", 2, 0)]
     assert step["add"][0]["example"] == [
         "suites/conftest.py",
         "engine/builder.py",

@@ -145,7 +145,7 @@ def test_whole_repository_reports_the_backend_gap_not_the_model_strings(repo):
     ]
     assert document["summary"]["gaps"] == {"static": 6, "registry": 4}
     text = _check(repo).stdout
-    assert "add 'vllm/v1/attention/': covers 5 static gaps" in text
+    assert "add 'vllm/v1/attention/': covers 5 static gaps (" in text
     assert "models/model_" not in text
 
 

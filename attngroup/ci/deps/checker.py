@@ -55,6 +55,7 @@ class Gap:
     kind: str  # "static" (an import chain) or "registry" (only via a registry's strings)
     suggestion: str  # the shortest entry that covers it without covering unreachable files
     tier_a: bool = False  # module-level imports reach it on the step's device (change tier a)
+    direct: bool = False  # a test file, conftest or test helper of the step imports it itself
 
 
 class EntryToAdd(NamedTuple):
@@ -64,6 +65,7 @@ class EntryToAdd(NamedTuple):
     gaps: int
     kind: str  # ``registry`` when every gap under the entry is a registry gap
     tier_a: int  # of ``gaps``, those module-level imports reach on the step's device
+    direct: int  # of ``gaps``, those the step's tests or their helpers import themselves
 
 
 @dataclass(frozen=True)
@@ -85,15 +87,21 @@ class StepReport:
         return not (self.gaps or self.missing_declared or self.problems)
 
     def entries_to_add(self) -> list[EntryToAdd]:
-        """Entries ranked by the tier-(a) gaps they cover, then by all gaps: a directory the
-        step reaches only through registry strings or function-local imports (a model
-        package behind a kernel test's registry) ranks behind one its tests import."""
+        """Entries the step's tests import themselves first, then by the tier-(a) gaps they
+        cover, then by all gaps: a directory reached only through other product modules or
+        registry strings (a model package behind a kernel test) ranks behind them."""
         counts = Counter(gap.suggestion for gap in self.gaps)
         tier_a = Counter(gap.suggestion for gap in self.gaps if gap.tier_a)
+        direct = Counter(gap.suggestion for gap in self.gaps if gap.direct)
         static = {gap.suggestion for gap in self.gaps if gap.kind == STATIC}
-        ranked = sorted(counts.items(), key=lambda item: (-tier_a[item[0]], -item[1], item[0]))
+        ranked = sorted(
+            counts.items(),
+            key=lambda item: (not direct[item[0]], -tier_a[item[0]], -item[1], item[0]),
+        )
         return [
-            EntryToAdd(entry, n, STATIC if entry in static else REGISTRY, tier_a[entry])
+            EntryToAdd(
+                entry, n, STATIC if entry in static else REGISTRY, tier_a[entry], direct[entry]
+            )
             for entry, n in ranked
         ]
 
@@ -360,6 +368,7 @@ class DependencyChecker:
         ignores = self.config.dependency_check.ignore.get(step.key, {})
         static_gaps = set(members(static & ~covered))
         module_level = self.graph.reach(scope.roots, (MODULE_LEVEL,), self.off_platform(step))
+        direct = self._imported_by_tests(scope, self.off_platform(step))
         gaps, ignored = [], []
         for index in members(reachable & ~covered):
             path = self.graph.nodes[index]
@@ -369,7 +378,8 @@ class DependencyChecker:
                 continue
             kind = STATIC if index in static_gaps else REGISTRY
             suggestion = self.coverage.suggest(path, outside, known)
-            gaps.append(Gap(path, kind, suggestion, tier_a=bool(module_level >> index & 1)))
+            tier_a = bool(module_level >> index & 1)
+            gaps.append(Gap(path, kind, suggestion, tier_a, tier_a and path in direct))
         problems = [
             *scope.problems,
             *_selection_problems(self.repo_root, scope, step.key, selected, inventory),
@@ -471,6 +481,23 @@ class DependencyChecker:
                     )
                 )
         return missed
+
+    def _imported_by_tests(self, scope: _Scope, excluded: frozenset[str]) -> set[str]:
+        """Files the step's test files, conftest chain, plugins and their test helpers (modules
+        outside the package roots) import at module level themselves."""
+        sources = set(scope.roots)
+        for root in scope.roots:
+            sources.update(
+                target
+                for target in self.graph.edges(root, MODULE_LEVEL)
+                if not target.startswith(self._package_roots)
+            )
+        return {
+            target
+            for source in sources
+            for target in self.graph.edges(source, MODULE_LEVEL)
+            if target not in excluded
+        }
 
     def _names_of(self, path: str) -> frozenset[str]:
         """What a test would write to mean ``path``: its module name, its top-level classes

@@ -115,14 +115,21 @@ def format_report(report: DependencyReport, graph: ImportGraph, verbose: bool = 
             f"{step.tier_a_gaps} tier a)"
         )
         entries = step.entries_to_add()
-        for position, (entry, count, kind, tier_a) in enumerate(
+        for position, (entry, count, kind, tier_a, direct) in enumerate(
             entries if verbose else entries[:TOP_ENTRIES]
         ):
-            lines.append(f"    add {entry!r}: covers {count} {kind} gaps ({tier_a} tier a)")
+            lines.append(
+                f"    add {entry!r}: covers {count} {kind} gaps ({tier_a} tier a, "
+                f"{direct} imported by its tests)"
+            )
             if position == 0:
                 lines.append(f"        {graph.format_chain(example_chain(graph, step, entry))}")
         if len(entries) > TOP_ENTRIES and not verbose:
-            lines.append(f"    ... {len(entries) - TOP_ENTRIES} more entries (-v lists all)")
+            transitive = sum(not item.direct for item in entries[TOP_ENTRIES:])
+            lines.append(
+                f"    ... {len(entries) - TOP_ENTRIES} more entries, {transitive} of them reached "
+                "only through other modules (-v lists all)"
+            )
         lines.extend(f"    problem: {problem}" for problem in step.problems)
         if verbose:
             lines.extend(f"    ignored: {path} ({reason})" for path, reason in step.ignored)
@@ -155,9 +162,17 @@ def report_json(report: DependencyReport, graph: ImportGraph) -> dict:
                 "reachable": step.reachable,
                 "gaps": {STATIC: static, REGISTRY: len(step.gaps) - static},
                 "add": [
-                    {"entry": entry, "gaps": count, "kind": kind, "tier_a": tier_a}
+                    {
+                        "entry": entry,
+                        "gaps": count,
+                        "kind": kind,
+                        "tier_a": tier_a,
+                        "imported_by_tests": direct,
+                    }
                     | ({"example": list(example_chain(graph, step, entry))} if not index else {})
-                    for index, (entry, count, kind, tier_a) in enumerate(entries[:JSON_ENTRIES])
+                    for index, (entry, count, kind, tier_a, direct) in enumerate(
+                        entries[:JSON_ENTRIES]
+                    )
                 ],
                 "more_entries": max(len(entries) - JSON_ENTRIES, 0),
                 "missing_declared": list(step.missing_declared),
