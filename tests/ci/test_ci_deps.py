@@ -9,6 +9,7 @@ import random
 import shlex
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from attngroup.ci.deps.checker import check_dependencies
 from attngroup.ci.deps.fix import add_dependencies
 from attngroup.ci.deps.imports import REGISTRY, STATIC, ImportGraph
 from attngroup.ci.deps.reach import closures, members
+from attngroup.ci.deps.report import dead_entries
 from attngroup.ci.deps.test_inventory import collected_files, selected_tests
 from attngroup.ci.selection.pytest_commands import pytest_runs
 from tests.ci.helpers import RUN_CONFIG, commit_all, init_repo, run_cli, write_tree
@@ -264,6 +266,27 @@ def test_entries_to_add_rank_tier_a_evidence_before_registry_reach(tmp_path):
         ("lib/", 4, 4, 0),
     ], "kernels/ has fewer gaps but more tier-(a) evidence; most of models/ only by registry; "
     "lib/ has the most tier-(a) gaps but the test imports it only through kernels/"
+
+
+def test_a_mirror_shares_its_parents_dead_entry_line_and_has_its_own(planted):
+    area = textwrap.dedent(
+        PLANTED[".buildkite/test_areas/spec.yaml"].replace(
+            "- engine/\n", "- engine/\n              - enigne/\n"
+        )
+    ) + (
+        "    mirror:\n"
+        "      amd:\n"
+        "        device: mi300_1\n"
+        "        source_file_dependencies: [kernels/, kernels/rocm_gone.py]\n"
+    )
+    config = PLANTED[".buildkite/ci_config.yaml"] + "external_step_keys: [image-build-amd]\n"
+    write_tree(
+        planted, {".buildkite/test_areas/spec.yaml": area, ".buildkite/ci_config.yaml": config}
+    )
+    assert dead_entries(_report(planted)) == [
+        (".buildkite/test_areas/spec.yaml:9", "enigne/", ["spec-mtp", "amd-spec-mtp"]),
+        (".buildkite/test_areas/spec.yaml:18", "kernels/rocm_gone.py", ["amd-spec-mtp"]),
+    ]
 
 
 IMPORT_FORMS = {
