@@ -284,39 +284,20 @@ def plan_wrapper(
     plan parameters onto FlashInfer's ``plan`` arguments, for the eager builders and for the
     CUDA-graph wrappers (``flashinfer_graph``) alike."""
     pages = paged_kv_indices(common, plan.window_left)
+    geometry = (plan.num_qo_heads, plan.num_kv_heads, plan.head_dim, plan.page_size)
+    options = {
+        "window_left": plan.window_left,
+        "logits_soft_cap": plan.logits_soft_cap,
+        "q_data_type": plan.dtype,
+        "kv_data_type": plan.dtype,
+        "sm_scale": plan.sm_scale,
+    }
+    kv_pages = (pages.kv_indptr, pages.kv_indices, pages.kv_last_page_len)
     if choice.kind == "prefill":
-        wrapper.plan(
-            pages.qo_indptr,
-            pages.kv_indptr,
-            pages.kv_indices,
-            pages.kv_last_page_len,
-            plan.num_qo_heads,
-            plan.num_kv_heads,
-            plan.head_dim,
-            plan.page_size,
-            causal=True,
-            sm_scale=plan.sm_scale,
-            window_left=plan.window_left,
-            logits_soft_cap=plan.logits_soft_cap,
-            q_data_type=plan.dtype,
-            kv_data_type=plan.dtype,
-        )
+        wrapper.plan(pages.qo_indptr, *kv_pages, *geometry, causal=True, **options)
         return
-    wrapper.plan(
-        pages.kv_indptr,
-        pages.kv_indices,
-        pages.kv_last_page_len,
-        plan.num_qo_heads,
-        plan.num_kv_heads,
-        plan.head_dim,
-        plan.page_size,
-        window_left=plan.window_left,
-        logits_soft_cap=plan.logits_soft_cap,
-        q_data_type=plan.dtype,
-        kv_data_type=plan.dtype,
-        sm_scale=plan.sm_scale,
-        q_len_per_req=int(common.query_lens_cpu[0]) if common.num_reqs else 1,
-    )
+    q_len_per_req = int(common.query_lens_cpu[0]) if common.num_reqs else 1
+    wrapper.plan(*kv_pages, *geometry, q_len_per_req=q_len_per_req, **options)
 
 
 @dataclass(frozen=True)
