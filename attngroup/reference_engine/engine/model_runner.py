@@ -95,7 +95,7 @@ from attngroup.reference_engine.models.weights import pair_weight_files
 _log = logging.getLogger(__name__)
 
 #: The drafting method of each kind of draft (``attngroup.reference_engine.models.draft_kind_of``).
-DRAFTERS: dict[DraftKind, Callable[[DraftInputs], Drafter]] = {
+DRAFTERS: dict[DraftKind, Callable[[DraftInputs], Drafter[Any]]] = {
     DraftKind.DRAFT_MODEL: DraftModelDrafter,
     DraftKind.HIDDEN_CONDITIONED: HiddenConditionedDrafter,
     DraftKind.CONSTANT_POSITION: ConstantPositionDrafter,
@@ -322,7 +322,7 @@ class ModelRunner:
     def _groups_of(self, layer_names: Iterable[str]) -> tuple[int, ...]:
         return tuple(sorted({self._group_of_layer[name] for name in layer_names}))
 
-    def _create_drafter(self) -> Drafter:
+    def _create_drafter(self) -> Drafter[Any]:
         inputs = DraftInputs(
             model=self.draft,
             device=self.device,

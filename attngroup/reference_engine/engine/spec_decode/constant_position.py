@@ -16,24 +16,21 @@ then the post-projected draft state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
-from attngroup.reference_engine.engine.spec_decode.drafter import (
-    DraftInputs,
-    DraftSteps,
-    sample_drafts,
-)
+from attngroup.reference_engine.engine.spec_decode.drafter import Drafter
 from attngroup.reference_engine.engine.step import ProposeRequest
 from attngroup.reference_engine.engine.step_rows import StepRows
 
+#: The one pass the k steps share, and the post-projected draft state it feeds forward.
+AssistantFeedback = tuple[Callable[..., Any], torch.Tensor]
 
-class ConstantPositionDrafter:
+
+class ConstantPositionDrafter(Drafter[AssistantFeedback]):
     """Keeps no state of its own: it reads the target's KV and hidden states."""
-
-    def __init__(self, inputs: DraftInputs) -> None:
-        self.inputs = inputs
 
     def roll_back(self, request_id: str, num_valid_tokens: int) -> None:
         """Nothing to roll back: every call reads only what the target validly cached."""
@@ -41,14 +38,11 @@ class ConstantPositionDrafter:
     def remove(self, request_id: str) -> None:
         """Nothing kept per request."""
 
-    def propose(
-        self,
-        requests: Sequence[ProposeRequest],
-        num_spec_tokens: int,
-        generator: torch.Generator | None,
-    ) -> DraftSteps:
-        """k steps at RoPE position L - 1 over the target's cache at 0 .. L - 2, one metadata build."""
-        draft = self.inputs.model
+    def _first_pass(
+        self, requests: Sequence[ProposeRequest]
+    ) -> tuple[torch.Tensor, AssistantFeedback]:
+        """Step 0 of k at RoPE position L - 1 over the target's cache at 0 .. L - 2, on the
+        one metadata build every step shares."""
         lengths = [len(r.token_ids) for r in requests]
         rows = StepRows(
             request_ids=tuple(r.request_id for r in requests),
@@ -65,12 +59,16 @@ class ConstantPositionDrafter:
                 for r, n in zip(requests, lengths, strict=True)
             ]
         )
-        token_ids = rows.token_ids.to(self.inputs.device)
-        tokens, probs = [], []
-        for _ in range(num_spec_tokens):
-            normed, hidden = step_pass(token_ids, hidden)
-            token, prob = sample_drafts(draft.compute_logits(normed), requests, generator)
-            tokens.append(token)
-            probs.append(prob)
-            token_ids = token.to(self.inputs.device)
-        return tokens, probs
+        return self._decode_step(requests, 0, rows.token_ids, (step_pass, hidden))
+
+    def _decode_step(
+        self,
+        requests: Sequence[ProposeRequest],
+        step: int,
+        token_ids: torch.Tensor,
+        feedback: AssistantFeedback,
+    ) -> tuple[torch.Tensor, AssistantFeedback]:
+        """The same pass again, fed the draft state of the step before."""
+        step_pass, hidden = feedback
+        normed, hidden = step_pass(token_ids.to(self.inputs.device), hidden)
+        return normed, (step_pass, hidden)

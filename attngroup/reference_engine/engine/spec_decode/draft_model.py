@@ -12,38 +12,27 @@ from collections.abc import Sequence
 
 import torch
 
-from attngroup.reference_engine.engine.spec_decode.drafter import (
-    DraftSteps,
-    OwnKVDrafter,
-    sample_drafts,
-)
+from attngroup.reference_engine.engine.spec_decode.drafter import OwnKVDrafter
 from attngroup.reference_engine.engine.step import ProposeRequest
 from attngroup.reference_engine.engine.step_rows import StepRows
 
 
-class DraftModelDrafter(OwnKVDrafter):
+class DraftModelDrafter(OwnKVDrafter[None]):
+    """Feeds nothing forward but the drafted tokens."""
+
     entry_lag = 0
 
-    def propose(
-        self,
-        requests: Sequence[ProposeRequest],
-        num_spec_tokens: int,
-        generator: torch.Generator | None,
-    ) -> DraftSteps:
-        """Catch the draft's cache up on the tokens it has not seen, then decode k tokens."""
-        draft, device = self.inputs.model, self.inputs.device
-        forward_context = self.inputs.forward_context
-        lengths = [len(r.token_ids) for r in requests]
+    def _first_pass(self, requests: Sequence[ProposeRequest]) -> tuple[torch.Tensor, None]:
+        """Catch the draft's cache up on the tokens it has not seen."""
         rows, _ = self._catch_up_rows(requests)
-        hidden = draft(rows.token_ids.to(device), forward_context(rows))
-        token, prob = sample_drafts(
-            draft.compute_logits(hidden[rows.last_rows]), requests, generator
+        hidden = self.inputs.model(
+            rows.token_ids.to(self.inputs.device), self.inputs.forward_context(rows)
         )
-        tokens, probs = [token], [prob]
-        for step in range(1, num_spec_tokens):
-            rows = StepRows.decode(requests, tokens[-1], [n - 1 + step for n in lengths])
-            hidden = self.inputs.decode_pass(rows)(rows.token_ids.to(device))
-            token, prob = sample_drafts(draft.compute_logits(hidden), requests, generator)
-            tokens.append(token)
-            probs.append(prob)
-        return tokens, probs
+        return hidden[rows.last_rows], None
+
+    def _decode_step(
+        self, requests: Sequence[ProposeRequest], step: int, token_ids: torch.Tensor, feedback: None
+    ) -> tuple[torch.Tensor, None]:
+        """Decode at position L - 1 + step."""
+        rows = StepRows.decode(requests, token_ids, [len(r.token_ids) - 1 + step for r in requests])
+        return self.inputs.decode_pass(rows)(rows.token_ids.to(self.inputs.device)), None

@@ -1,8 +1,9 @@
 """The drafter interface: what the model runner calls to draft k tokens and to
-roll a drafter's state back, and what every drafter shares.
+roll a drafter's state back, and what every drafter shares (the k-step loop, the
+catch-up of a KV cache of its own, the draft sampling).
 
-One drafting method per module beside this one (``ModelRunner`` picks by
-``DraftKind``):
+One drafting method per module beside this one, each giving only its passes
+(``ModelRunner`` picks by ``DraftKind``):
 
 - ``draft_model``: a separate LM with its own KV cache, fed tokens only;
 - ``hidden_conditioned``: EAGLE / MTP layers with their own KV cache, fed the
@@ -15,9 +16,10 @@ from softmax(logits / T) with the call's generator.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import nn
@@ -30,6 +32,9 @@ from attngroup.reference_engine.models.common import ForwardContext
 #: Per draft step: the tokens (int64 [num_requests]) and the distributions they
 #: were drawn from (float32 [num_requests, vocab]).
 DraftSteps = tuple[list[torch.Tensor], list[torch.Tensor]]
+#: What a drafter's pass feeds the next decode step besides the drafted tokens (a draft
+#: state, the pass itself, or nothing).
+Feedback = TypeVar("Feedback")
 
 
 @dataclass(frozen=True)
@@ -48,10 +53,23 @@ class DraftInputs:
     decode_pass: Callable[[StepRows], Callable[..., Any]]
 
 
-class Drafter(Protocol):
+class Drafter(ABC, Generic[Feedback]):
+    """The k-step loop every drafter shares: a first pass drafts each request's first
+    token, then each of the k - 1 decode steps drafts the next, fed the tokens the step
+    before drafted and what it fed forward (``Feedback``). A drafter says only how its
+    passes run and what state it keeps."""
+
+    def __init__(self, inputs: DraftInputs) -> None:
+        self.inputs = inputs
+
+    @abstractmethod
     def roll_back(self, request_id: str, num_valid_tokens: int) -> None:
         """Before drafting: the target has validly cached the request's first
         ``num_valid_tokens`` tokens; forget draft state that lies past them."""
+
+    @abstractmethod
+    def remove(self, request_id: str) -> None:
+        """Forget a finished or preempted request."""
 
     def propose(
         self,
@@ -61,12 +79,36 @@ class Drafter(Protocol):
     ) -> DraftSteps:
         """Bring the draft up to date with each request's tokens, then draft
         ``num_spec_tokens`` tokens per request."""
+        output, feedback = self._first_pass(requests)
+        tokens: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        for step in range(num_spec_tokens):
+            if step > 0:  # the first token comes from the first pass
+                output, feedback = self._decode_step(requests, step, tokens[-1], feedback)
+            logits = self.inputs.model.compute_logits(output)
+            token, prob = sample_drafts(logits, requests, generator)
+            tokens.append(token)
+            probs.append(prob)
+        return tokens, probs
 
-    def remove(self, request_id: str) -> None:
-        """Forget a finished or preempted request."""
+    @abstractmethod
+    def _first_pass(self, requests: Sequence[ProposeRequest]) -> tuple[torch.Tensor, Feedback]:
+        """Run the pass that drafts the first token: the draft's output at each request's
+        last row (what ``compute_logits`` reads), and what it feeds the first decode step."""
+
+    @abstractmethod
+    def _decode_step(
+        self,
+        requests: Sequence[ProposeRequest],
+        step: int,
+        token_ids: torch.Tensor,
+        feedback: Feedback,
+    ) -> tuple[torch.Tensor, Feedback]:
+        """Run decode step ``step`` (1 .. k - 1) on the tokens (int64 [num_requests])
+        the step before drafted: the draft's output per request, and what it feeds forward."""
 
 
-class OwnKVDrafter:
+class OwnKVDrafter(Drafter[Feedback]):
     """Base of the drafters with a KV cache of their own: per request, how many
     leading entries of that cache hold accepted tokens. A call runs the entries
     from there on (the whole prompt on the first call); entries its decode
@@ -77,7 +119,7 @@ class OwnKVDrafter:
     entry_lag = 0
 
     def __init__(self, inputs: DraftInputs) -> None:
-        self.inputs = inputs
+        super().__init__(inputs)
         self._valid_entries: dict[str, int] = {}
 
     def roll_back(self, request_id: str, num_valid_tokens: int) -> None:

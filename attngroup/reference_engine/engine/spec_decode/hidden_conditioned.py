@@ -13,44 +13,40 @@ from collections.abc import Sequence
 
 import torch
 
-from attngroup.reference_engine.engine.spec_decode.drafter import (
-    DraftSteps,
-    OwnKVDrafter,
-    sample_drafts,
-)
+from attngroup.reference_engine.engine.spec_decode.drafter import OwnKVDrafter
 from attngroup.reference_engine.engine.step import ProposeRequest
 from attngroup.reference_engine.engine.step_rows import StepRows
 
 
-class HiddenConditionedDrafter(OwnKVDrafter):
+class HiddenConditionedDrafter(OwnKVDrafter[torch.Tensor]):
+    """Feeds forward the draft's last-layer output before its final norm."""
+
     entry_lag = 1
 
-    def propose(
-        self,
-        requests: Sequence[ProposeRequest],
-        num_spec_tokens: int,
-        generator: torch.Generator | None,
-    ) -> DraftSteps:
-        """Catch up entries up to L - 2, then k - 1 steps fed with the draft's own hidden output."""
-        draft, device = self.inputs.model, self.inputs.device
-        forward_context = self.inputs.forward_context
-        lengths = [len(r.token_ids) for r in requests]
+    def _first_pass(self, requests: Sequence[ProposeRequest]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Catch up the entries up to L - 2, each fed the target's hidden state."""
         rows, starts = self._catch_up_rows(requests)
         target_hidden = torch.cat(
             [
-                self.inputs.target_hidden.read(r.request_id, s, n - 1)
-                for r, s, n in zip(requests, starts, lengths, strict=True)
+                self.inputs.target_hidden.read(r.request_id, start, len(r.token_ids) - 1)
+                for r, start in zip(requests, starts, strict=True)
             ]
         )
-        normed, feedback = draft(rows.token_ids.to(device), target_hidden, forward_context(rows))
+        normed, feedback = self.inputs.model(
+            rows.token_ids.to(self.inputs.device), target_hidden, self.inputs.forward_context(rows)
+        )
         last = rows.last_rows
-        token, prob = sample_drafts(draft.compute_logits(normed[last]), requests, generator)
-        tokens, probs, feedback = [token], [prob], feedback[last]
-        for step in range(1, num_spec_tokens):
-            rows = StepRows.decode(requests, tokens[-1], [n - 2 + step for n in lengths])
-            step_pass = self.inputs.decode_pass(rows)
-            normed, feedback = step_pass(rows.token_ids.to(device), feedback)
-            token, prob = sample_drafts(draft.compute_logits(normed), requests, generator)
-            tokens.append(token)
-            probs.append(prob)
-        return tokens, probs
+        return normed[last], feedback[last]
+
+    def _decode_step(
+        self,
+        requests: Sequence[ProposeRequest],
+        step: int,
+        token_ids: torch.Tensor,
+        feedback: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode at position L - 2 + step, fed the draft's own output of the step before."""
+        rows = StepRows.decode(requests, token_ids, [len(r.token_ids) - 2 + step for r in requests])
+        step_pass = self.inputs.decode_pass(rows)
+        normed, feedback = step_pass(rows.token_ids.to(self.inputs.device), feedback)
+        return normed, feedback
