@@ -132,8 +132,8 @@ class LLMEngine:
         self._ids = itertools.count()
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> Request:
-        index = next(self._ids)
-        request = Request(f"req-{index}", tuple(int(t) for t in prompt_token_ids), params, index)
+        token_ids = tuple(int(t) for t in prompt_token_ids)
+        request = Request(f"req-{next(self._ids)}", token_ids, params)
         self.scheduler.add_request(request)
         return request
 

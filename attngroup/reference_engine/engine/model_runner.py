@@ -111,7 +111,6 @@ class KVCacheGroupInfo:
     sliding_window: int | None  # tokens a query sees (HF convention, counts itself); None = all
     is_state: bool  # a Mamba-like state group: one block per request holds its state
     layer_names: tuple[str, ...]
-    draft_writes: bool  # some draft layer of this group writes its own KV (EAGLE/MTP/draft model)
 
 
 @dataclass
@@ -266,18 +265,12 @@ class ModelRunner:
     def _group_info(self, group_id: int) -> KVCacheGroupInfo:
         group = self.kv_cache_groups[group_id]
         spec = group.kv_cache_spec
-        writers = [
-            name
-            for name in group.layer_names
-            if self.layers[name].is_draft and not self.layers[name].kv_sharing_target
-        ]
         return KVCacheGroupInfo(
             group_id=group_id,
             block_size=spec.block_size,
             sliding_window=_kv_group_window(spec),
             is_state=isinstance(spec, MambaSpec),
             layer_names=group.layer_names,
-            draft_writes=bool(writers),
         )
 
     def _load_models(self, seed: int, weights_dir: Path | None) -> None:

@@ -43,7 +43,6 @@ class Request:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling_params: SamplingParams
-    arrival_index: int
     output_token_ids: list[int] = field(default_factory=list)
     # Tokens of all_token_ids whose KV is in the target cache.
     num_computed_tokens: int = 0

@@ -64,9 +64,9 @@ class PagedTokenRunner:
     removed: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        full = KVCacheGroupInfo(0, self.block_size, None, False, ("full",), True)
+        full = KVCacheGroupInfo(0, self.block_size, None, False, ("full",))
         # Page-size unification often doubles a sliding group's block size: do the same.
-        sliding = KVCacheGroupInfo(1, 2 * self.block_size, self.window, False, ("sliding",), True)
+        sliding = KVCacheGroupInfo(1, 2 * self.block_size, self.window, False, ("sliding",))
         self.kv_cache_group_infos = (full, sliding)
         self.caches = [
             torch.full((self.num_blocks, info.block_size), UNWRITTEN, dtype=torch.long)

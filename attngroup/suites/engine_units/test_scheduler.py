@@ -16,7 +16,7 @@ STATE = GroupLayout(4, GroupKind.STATE)
 
 def _request(index: int, prompt_len: int, max_tokens: int = 4) -> Request:
     return Request(
-        f"r{index}", tuple(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens), index
+        f"r{index}", tuple(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens)
     )
 
 
