@@ -22,6 +22,13 @@ SUITE_FILES = (
     "attngroup/suites/kernels/test_merged_group_hazard.py",  # pair, backend and dtype arguments
     "attngroup/suites/spec_decode/test_memory.py",  # backend and dtype named by case_marks only
     "attngroup/suites/grouping/test_grouping_conformance.py",  # pair_name, tp and the policy
+    # engine units: the spec-decode column only for those about drafting and verifying
+    "attngroup/suites/engine_units/test_scheduler.py",
+    "attngroup/suites/engine_units/test_block_manager.py",
+    "attngroup/suites/engine_units/test_sampler.py",
+    "attngroup/suites/engine_units/test_engine_loop.py",
+    "attngroup/suites/engine_units/test_rejection_sampler.py",
+    "attngroup/suites/engine_units/test_drafters.py",
 )
 DESELECT_ALL = ("-k", "no_test_is_called_this")  # collected and recorded, none run
 NOT_PAIRS = ("large-then-small", "small-then-large", "padding-reset-after-fuller-step")
@@ -102,6 +109,38 @@ def _part_of(matrix: OutcomeMatrix, nodeid: str) -> tuple[str, str, str, str]:
 )
 def test_marked_test_lands_in_its_row_and_cell(matrix, nodeid: str, expected: tuple) -> None:
     assert _part_of(matrix, nodeid) == expected
+
+
+@pytest.mark.parametrize(
+    ("prefix", "column"),
+    [
+        pytest.param("engine_units/test_scheduler.py::", "engine_units", id="scheduler"),
+        pytest.param("engine_units/test_block_manager.py::", "engine_units", id="block-manager"),
+        pytest.param("engine_units/test_sampler.py::", "engine_units", id="sampler"),
+        pytest.param(
+            "engine_units/test_engine_loop.py::test_chunked_prefill",
+            "engine_units",
+            id="loop-chunking",
+        ),
+        pytest.param(
+            "engine_units/test_engine_loop.py::test_rejected_drafts",
+            "spec_decode",
+            id="loop-drafts",
+        ),
+        pytest.param("engine_units/test_rejection_sampler.py::", "spec_decode", id="rejection"),
+        pytest.param("engine_units/test_drafters.py::", "spec_decode", id="drafters"),
+    ],
+)
+def test_only_spec_decode_units_land_in_the_spec_decode_column(
+    suite_record: RunRecord, matrix, prefix: str, column: str
+) -> None:
+    nodeids = [
+        test.nodeid
+        for test in suite_record.tests
+        if test.nodeid.startswith(f"attngroup/suites/{prefix}")
+    ]
+    assert nodeids, f"no test collected under {prefix}"
+    assert {_part_of(matrix, nodeid)[1] for nodeid in nodeids} == {column}
 
 
 def test_test_parameters_never_become_pairs(suite_record: RunRecord, matrix) -> None:

@@ -9,8 +9,6 @@ from hypothesis import strategies as st
 from attngroup.reference_engine.engine.block_manager import BlockManager, GroupKind, GroupLayout
 from attngroup.reference_engine.engine.step import NULL_BLOCK_ID
 
-pytestmark = pytest.mark.spec_decode
-
 FULL = GroupLayout(4, GroupKind.FULL)
 SLIDING = GroupLayout(8, GroupKind.SLIDING, sliding_window=10)
 STATE = GroupLayout(16, GroupKind.STATE)

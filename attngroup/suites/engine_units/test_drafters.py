@@ -25,6 +25,8 @@ from attngroup.reference_engine.engine.step import ProposeRequest
 from attngroup.reference_engine.engine.step_rows import StepRows
 from attngroup.reference_engine.models import DraftKind
 
+pytestmark = pytest.mark.spec_decode
+
 HIDDEN, VOCAB = 4, 7
 BLOCKS = ((0, 1),)
 

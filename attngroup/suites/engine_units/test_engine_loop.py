@@ -16,8 +16,6 @@ from attngroup.reference_engine.engine.request import SamplingParams
 from attngroup.reference_engine.engine.scheduler import SchedulerCapacityError
 from attngroup.suites.engine_units.paged_token_runner import PagedTokenRunner, expected_continuation
 
-pytestmark = pytest.mark.spec_decode
-
 PROMPTS = [[5, 9, 2], [7] * 11, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3], [8, 8]]
 MAX_TOKENS = 14
 
@@ -65,6 +63,7 @@ def test_tokens_survive_chunking_windows_and_preemption(
     assert set(engine.runner.removed) >= {f"req-{i}" for i in range(len(PROMPTS))}
 
 
+@pytest.mark.spec_decode
 @pytest.mark.parametrize("k", [1, 3], ids=lambda k: f"k{k}")
 def test_rejected_drafts_are_rolled_back(k: int) -> None:
     engine = _engine(64, k)

@@ -8,8 +8,6 @@ import torch
 from attngroup.reference_engine.engine.sampler import probs_from_logits, sample
 from attngroup.suites.engine_units.chi_square import chi_square_pvalue
 
-pytestmark = pytest.mark.spec_decode
-
 
 def test_greedy_is_argmax() -> None:
     logits = torch.randn(5, 11, generator=torch.Generator().manual_seed(0))

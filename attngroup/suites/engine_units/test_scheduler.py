@@ -8,8 +8,6 @@ from attngroup.reference_engine.engine.block_manager import BlockManager, GroupK
 from attngroup.reference_engine.engine.request import Request, RequestStatus, SamplingParams
 from attngroup.reference_engine.engine.scheduler import Scheduler, SchedulerCapacityError
 
-pytestmark = pytest.mark.spec_decode
-
 FULL = GroupLayout(4, GroupKind.FULL)
 STATE = GroupLayout(4, GroupKind.STATE)
 
