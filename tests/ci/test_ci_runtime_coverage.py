@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ def group_sizes(layers):
     return [layer["heads"] for layer in layers]
 """
 DRAFT_LINE = 3  # executed only by the draft test
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Three steps over one engine: every test imports engine.grouping (the static evidence names all
 # three), but only the draft test executes the draft branch.
@@ -184,3 +186,67 @@ def test_bad_coverage_arguments_exit_2(recorded, arguments):
     result = run_cli("check-deps", "--repo", str(repo), *arguments)
     assert result.exit_code == 2
     assert "--coverage" in result.stderr
+
+
+# This repository's own draft-only line: the draft pass's forward context over the draft layers'
+# attention groups (vLLM's analogue is the V2 runner's attention-group code). Found by its text,
+# so a refactoring that moves it fails here by name rather than planting a change elsewhere.
+DRAFT_CONTEXT_FILE = "attngroup/reference_engine/engine/model_runner.py"
+DRAFT_CONTEXT_LINE = "return self._forward_context(rows, self._draft_groups)"
+# A CI-sized subset of this repository's CPU suites: one drafting spec-decode case, and grouping
+# and engine tests that run the same modules without drafting.
+RECORDED_TESTS = (
+    "attngroup/suites/spec_decode/test_draft_loop_oracle.py::"
+    "test_paged_draft_steps_equal_the_unpaged_recompute[llama3-eagle-k1]",
+    "attngroup/suites/engine_runner/test_forward_metadata.py",
+    "attngroup/suites/grouping/test_attention_groups.py",
+)
+
+
+RECORD = ("--cov=attngroup", "--cov-context=test", "--cov-report=", "-m", "not gpu")
+
+
+def _copy_of_this_repository(destination: Path) -> Path:
+    """This checkout's tracked files (as they are on disk), committed in a fresh repository."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    for path in filter(None, listed.split("\0")):
+        if (REPO_ROOT / path).is_file() and not path.startswith("attngroup/benchmarks/results/"):
+            (destination / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO_ROOT / path, destination / path)
+    return init_repo(destination, {})
+
+
+@pytest.mark.slow
+def test_a_draft_only_line_of_this_repository_puts_the_spec_decode_steps_first(tmp_path):
+    repo = _copy_of_this_repository(tmp_path / "repo")
+    data = tmp_path / "coverage-data"
+    recorded = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *RECORD, *RECORDED_TESTS],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COVERAGE_FILE": str(data), "PYTHONPATH": str(repo)},
+        check=False,
+    )
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    source = (repo / DRAFT_CONTEXT_FILE).read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if text.strip() == DRAFT_CONTEXT_LINE)
+    _change_line(repo, DRAFT_CONTEXT_FILE, line)
+    result = run_cli(
+        "check-deps", "--repo", str(repo), "--base", "HEAD~1", "--coverage", str(data), "--json"
+    )
+    document = json.loads(result.stdout)
+    ran = document["ran_this_code"]
+    # Both spec-decode steps declare the engine: selected, and the only steps that ran the line
+    # (the GPU step through the recorded case's function, whose GPU parametrizations it runs).
+    assert [(item["step"], item["selected"]) for item in ran] == [
+        ("spec-decode-cpu", True),
+        ("spec-decode-gpu-mtp", True),
+    ]
+    assert ran[0]["tests"] == [
+        "attngroup/suites/spec_decode/test_draft_loop_oracle.py::"
+        "test_paged_draft_steps_equal_the_unpaged_recompute"
+    ]
+    assert ran[0]["lines"] == [f"{DRAFT_CONTEXT_FILE}:{line}"]

@@ -435,9 +435,10 @@ class DependencyChecker:
 
     def missed_triggers(self, selection: Selection) -> list[MissedTrigger]:
         """Each unselected step whose imports reach a changed file on its device, with the
-        chain and the tier of the evidence; a step an entry already covers is ``covered``."""
-        position = {path: index for index, path in enumerate(self.graph.nodes)}
-        changed = [path for path in selection.changed_files if path in position]
+        chain and the tier of the evidence; a step an entry already covers is ``covered``.
+        Reach is asked backwards, from each changed file, once per device's excluded
+        platform modules: no closure of the whole graph is built."""
+        changed = [path for path in selection.changed_files if path in self.graph.path_modules]
         chosen = selection.selected_keys()
         names = {path: self._names_of(path) for path in changed}
         missed = []
@@ -445,24 +446,25 @@ class DependencyChecker:
             if step.key in chosen or not changed:
                 continue
             scope = self.scopes[step.key]
-            reachable = self._reach(step)[1]
+            excluded = self.off_platform(step)
             ignores = self.config.dependency_check.ignore.get(step.key, {})
             hits = [
                 path
                 for path in changed
-                if reachable >> position[path] & 1 and _ignore_reason(ignores, path) is None
+                if self._reaches(scope.roots, path, (STATIC, REGISTRY), excluded)
+                and _ignore_reason(ignores, path) is None
             ]
             if not hits:
                 continue
+            reachable = self._reach(step)[1]
             covered = self.coverage.covered(step.dependencies)
             outside = self.coverage.all & ~(reachable | covered)
             known: dict[str, str | None] = {}
-            excluded = self.off_platform(step)
             for path in hits:
                 chain, kind = self.graph.chain(scope.roots, path, excluded)
                 if matching_entry(step.dependencies, path) is not None:
                     tier = COVERED
-                elif self.graph.reach(scope.roots, (MODULE_LEVEL,), excluded) >> position[path] & 1:
+                elif self._reaches(scope.roots, path, (MODULE_LEVEL,), excluded):
                     tier = TIER_STATIC
                 elif self._tests_name(scope, names[path]):
                     tier = TIER_NAMED
@@ -481,6 +483,13 @@ class DependencyChecker:
                     )
                 )
         return missed
+
+    def _reaches(
+        self, roots: tuple[str, ...], path: str, kinds: tuple[str, ...], excluded: frozenset[str]
+    ) -> bool:
+        return self.graph.reaches(
+            roots, self.graph.reaching(path, kinds, excluded), kinds, excluded
+        )
 
     def _imported_by_tests(self, scope: _Scope, excluded: frozenset[str]) -> set[str]:
         """Files the step's test files, conftest chain, plugins and their test helpers (modules
@@ -564,8 +573,9 @@ class DependencyChecker:
     def ran_this_code(
         self, selection: Selection, line_tests: LineTests, lines: Mapping[str, Iterable[int]]
     ) -> list[RanThisCode]:
-        """Steps whose tests executed a changed line when the coverage data was recorded,
-        most changed lines first, then fewest tests (the most specific evidence)."""
+        """Steps whose tests executed a changed line when the coverage data was recorded:
+        unselected ones (missed triggers) first, then most changed lines, then most tests
+        (a step whose suite exercises the code throughout before one that touches it once)."""
         tests = line_tests.tests_for(lines)
         running = self.steps_running(set(tests))
         per_step: dict[str, set[str]] = defaultdict(set)
@@ -584,7 +594,9 @@ class DependencyChecker:
             )
             for key, step_tests in per_step.items()
         ]
-        return sorted(found, key=lambda item: (-len(item.lines), len(item.tests), item.key))
+        return sorted(
+            found, key=lambda item: (item.selected, -len(item.lines), -len(item.tests), item.key)
+        )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -612,6 +624,7 @@ def _definitions_naming(path: Path, names: frozenset[str]) -> frozenset[str]:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return frozenset()
+    lines = text.splitlines()
     found = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -620,7 +633,7 @@ def _definitions_naming(path: Path, names: frozenset[str]) -> frozenset[str]:
             defined = [target.id for target in node.targets if isinstance(target, ast.Name)]
         else:
             continue
-        if pattern.search(ast.get_source_segment(text, node) or ""):
+        if pattern.search("\n".join(lines[node.lineno - 1 : node.end_lineno])):
             found.update(defined)
     return frozenset(found)
 

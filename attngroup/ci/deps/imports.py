@@ -16,7 +16,7 @@ import functools
 import itertools
 import os
 import re
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +96,10 @@ class ImportGraph:
     _local_only: dict[str, frozenset[str]] = field(default_factory=dict)  # function-local targets
     _closures: dict[tuple[tuple[str, ...], frozenset[str]], tuple[dict[str, int], list[int]]] = (
         field(default_factory=dict)
+    )
+    _importers: dict[tuple[str, ...], dict[str, list[str]]] = field(default_factory=dict)
+    _reaching: dict[tuple[str, tuple[str, ...], frozenset[str]], frozenset[str]] = field(
+        default_factory=dict
     )
 
     @classmethod
@@ -263,18 +267,73 @@ class ImportGraph:
                         bits |= reachable[position[target]]
         return bits
 
+    def _importers_of(self, kinds: tuple[str, ...]) -> dict[str, list[str]]:
+        """Reverse edges of ``kinds``: indexed file -> the indexed files that import it."""
+        if kinds not in self._importers:
+            importers: dict[str, list[str]] = defaultdict(list)
+            for path in self.nodes:
+                for kind in kinds:
+                    for target in self.edges(path, kind):
+                        importers[target].append(path)
+            self._importers[kinds] = importers
+        return self._importers[kinds]
+
+    def reaching(
+        self, target: str, kinds: tuple[str, ...], excluded: frozenset[str] = frozenset()
+    ) -> frozenset[str]:
+        """Every indexed file whose import runs ``target`` (itself included) without passing
+        through ``excluded``: what a change to one file needs, without the closure of every
+        node that :meth:`reach` computes for all steps at once."""
+        key = (target, kinds, excluded)
+        if key not in self._reaching:
+            found: set[str] = set()
+            stack = [] if target in excluded else [target]
+            importers = self._importers_of(kinds)
+            found.update(stack)
+            while stack:
+                for source in importers.get(stack.pop(), ()):
+                    if source not in found and source not in excluded:
+                        found.add(source)
+                        stack.append(source)
+            self._reaching[key] = frozenset(found)
+        return self._reaching[key]
+
+    def reaches(
+        self,
+        roots: Iterable[str],
+        reaching: frozenset[str],
+        kinds: tuple[str, ...],
+        excluded: frozenset[str] = frozenset(),
+    ) -> bool:
+        """Whether importing ``roots`` runs a file of ``reaching`` (from :meth:`reaching` with
+        the same ``kinds`` and ``excluded``); a root outside the index counts by its imports."""
+        for root in roots:
+            if root in excluded:
+                continue
+            if root in reaching:
+                return True
+            if root not in self.path_modules and any(
+                target in reaching for target in self._successors(root, kinds, excluded)
+            ):
+                return True
+        return False
+
     def chain(
         self, roots: Iterable[str], target: str, excluded: frozenset[str] = frozenset()
     ) -> tuple[tuple[str, ...], str]:
         """The shortest import chain root -> ... -> ``target`` avoiding ``excluded``, and its
-        kind (``registry`` when no static chain exists). Stops once ``target`` is reached."""
+        kind (``registry`` when no static chain exists). Stops once ``target`` is reached;
+        only files that can reach ``target`` are searched (the same chain, found sooner)."""
         for kinds in ((MODULE_LEVEL,), (STATIC,), (STATIC, REGISTRY)):
+            useful = self.reaching(target, kinds, excluded)
             parents: dict[str, str | None] = dict.fromkeys(r for r in roots if r not in excluded)
             queue = deque(parents)
             while queue and target not in parents:
                 path = queue.popleft()
                 for successor in self._successors(path, kinds, excluded):
-                    if successor not in parents:
+                    if successor not in parents and (
+                        successor in useful or successor not in self.path_modules
+                    ):
                         parents[successor] = path
                         queue.append(successor)
             if target in parents:

@@ -77,6 +77,8 @@ def _arity(call: ast.Call) -> OptionArity | None:
 
 def options_in_source(source: str) -> PytestOptions:
     """Options declared by ``*.addoption(...)`` / ``*._addoption(...)`` calls in ``source``."""
+    if "addoption" not in source:  # most of pytest's files: no need to parse them
+        return PytestOptions({}, frozenset())
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
