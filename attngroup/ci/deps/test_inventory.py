@@ -18,13 +18,16 @@ import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-# pytest's own -k/-m grammar (private module; SyntaxError on bad input since pytest 8.4).
-from _pytest.mark.expression import Expression
+from typing import TYPE_CHECKING
 
 from attngroup.ci.deps.imports import iter_python_files
 from attngroup.ci.selection.pytest_commands import PytestRun, resolve_run
 from attngroup.ci.selection.pytest_commands import clear_caches as clear_resolved_runs
+
+# pytest's own -k/-m grammar (private module; SyntaxError on bad input since pytest 8.4),
+# imported when a -k/-m is evaluated: change mode without --coverage never does.
+if TYPE_CHECKING:
+    from _pytest.mark.expression import Expression
 
 DYNAMIC_MARKER_HINTS = ("add_marker", "pytest_collection_modifyitems")
 DYNAMIC_ID_HINTS = ("pytest_generate_tests", "params=")
@@ -223,6 +226,8 @@ def possibly_selected(test: TestFunction, run: PytestRun) -> bool:
 
 @functools.cache
 def _compile(text: str) -> Expression:
+    from _pytest.mark.expression import Expression
+
     try:
         return Expression.compile(text)
     except (SyntaxError, ValueError) as error:

@@ -12,11 +12,12 @@ import importlib.util
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import jsonschema
+from typing import TYPE_CHECKING, Any
 
 from attngroup.ci.errors import CIInputError
+
+if TYPE_CHECKING:  # imported when a pipeline is validated, not by select or check-deps
+    import jsonschema
 
 # Which schema definition a step object is checked against, by its distinguishing key.
 STEP_TYPES = (
@@ -46,6 +47,8 @@ def load_schema() -> dict[str, Any]:
 
 @functools.cache
 def _validator(definition: str) -> jsonschema.Draft7Validator:
+    import jsonschema
+
     schema = load_schema()
     return jsonschema.Draft7Validator(
         {"$ref": f"#/definitions/{definition}", "definitions": schema["definitions"]}
@@ -78,6 +81,8 @@ def _step_errors(step: Any, where: str) -> list[str]:
 
 def validate_pipeline(pipeline: Mapping[str, Any]) -> list[str]:
     """Every schema violation of ``pipeline``, one precise message per problem."""
+    import jsonschema
+
     top = jsonschema.Draft7Validator(load_schema())
     errors = [f"pipeline: {error.message}" for error in top.iter_errors({**pipeline, "steps": []})]
     for index, step in enumerate(pipeline.get("steps", [])):
