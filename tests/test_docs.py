@@ -66,7 +66,7 @@ def _repository_paths(text: str) -> set[str]:
     candidates = set()
     for span in CODE_SPAN.findall(text) + re.findall(r"^[^#\n]*$", text, flags=re.M):
         for word in re.split(r"[\s`'\"(),]+", span):
-            word = word.split("::", 1)[0].rstrip(".:;")
+            word = re.sub(r":\d+$", "", word.split("::", 1)[0].rstrip(".:;"))  # path:line
             if word.startswith(REPOSITORY_ROOTS) and "$" not in word and "{" not in word:
                 candidates.add(word)
     return candidates
