@@ -83,25 +83,30 @@ class LineTests:
                 f"--coverage {data_file}: recorded without per-test contexts; record with "
                 "'pytest --cov --cov-context=test'"
             )
-        self._by_path: dict[str, dict[int, set[str]]] = {}
+        self._data = data
+        self._measured: dict[str, list[str]] = defaultdict(list)  # repository path -> measured
         for measured_path in measured:
             path = _repository_path(measured_path, repo_root)
-            if path is None:
-                continue
-            lines: dict[int, set[str]] = self._by_path.setdefault(path, defaultdict(set))
-            for line, line_contexts in (data.contexts_by_lineno(measured_path) or {}).items():
-                tests = {test for test in map(node_of_context, line_contexts) if test}
-                lines[line].update(tests)
+            if path is not None:
+                self._measured[path].append(measured_path)
 
     @property
     def paths(self) -> frozenset[str]:
-        return frozenset(self._by_path)
+        return frozenset(self._measured)
+
+    def _lines_of(self, path: str) -> dict[int, set[str]]:
+        """Line -> tests that executed it, read only for the files a change touches."""
+        lines: dict[int, set[str]] = defaultdict(set)
+        for measured_path in self._measured.get(path, ()):
+            for line, contexts in (self._data.contexts_by_lineno(measured_path) or {}).items():
+                lines[line].update(test for test in map(node_of_context, contexts) if test)
+        return lines
 
     def tests_for(self, changed: Mapping[str, Iterable[int]]) -> dict[str, set[str]]:
         """Test node id -> the "path:line" of changed lines it executed."""
         found: dict[str, set[str]] = defaultdict(set)
         for path, lines in changed.items():
-            by_line = self._by_path.get(path, {})
+            by_line = self._lines_of(path)
             for line in lines:
                 for test in by_line.get(line, ()):
                     found[test].add(f"{path}:{line}")
