@@ -19,7 +19,7 @@ from attngroup.ci.areas.config import load_run_config, load_test_area_file
 from attngroup.ci.areas.load import load_test_areas
 from attngroup.ci.deps.checker import check_dependencies
 from attngroup.ci.deps.fix import add_dependencies
-from attngroup.ci.deps.imports import REGISTRY, STATIC, ImportGraph
+from attngroup.ci.deps.imports import MODULE_LEVEL, REGISTRY, STATIC, ImportGraph
 from attngroup.ci.deps.reach import closures, members
 from attngroup.ci.deps.report import dead_entries
 from attngroup.ci.deps.test_inventory import collected_files, selected_tests
@@ -81,6 +81,26 @@ def parse_cache_in_tmp(tmp_path, monkeypatch):
 def planted(tmp_path):
     write_tree(tmp_path, PLANTED)
     return tmp_path
+
+
+@pytest.mark.parametrize(
+    "kinds", [(MODULE_LEVEL,), (STATIC,), (STATIC, REGISTRY)], ids=["module", "static", "all"]
+)
+@pytest.mark.parametrize(
+    "excluded", [frozenset(), frozenset({"kernels/registry.py"})], ids=["none", "registry-excluded"]
+)
+def test_backward_reach_from_a_file_equals_forward_reach_of_each_node(planted, kinds, excluded):
+    """Change mode asks which files lead to a changed file; the whole-repository closures ask
+    what each file leads to: the two must agree on every pair, exclusions included."""
+    graph = ImportGraph.scan(planted, registries=["kernels/registry.py"])
+    position = {path: index for index, path in enumerate(graph.nodes)}
+    for target in graph.nodes:
+        forward = {
+            node
+            for node in graph.nodes
+            if graph.reach([node], kinds, excluded) >> position[target] & 1
+        }
+        assert graph.reaching(target, kinds, excluded) == forward, target
 
 
 def _report(root: Path):
