@@ -193,11 +193,12 @@ def test_bad_coverage_arguments_exit_2(recorded, arguments):
 # so a refactoring that moves it fails here by name rather than planting a change elsewhere.
 DRAFT_CONTEXT_FILE = "attngroup/reference_engine/engine/model_runner.py"
 DRAFT_CONTEXT_LINE = "return self._forward_context(rows, self._draft_groups)"
-# A CI-sized subset of this repository's CPU suites: one drafting spec-decode case, and grouping
-# and engine tests that run the same modules without drafting.
+# A CI-sized subset of this repository's CPU suites: one CPU case of the greedy-identity test
+# (the GPU step runs its GPU cases), and grouping and engine tests that run the same modules
+# without drafting.
+GREEDY_IDENTITY = "attngroup/suites/spec_decode/test_greedy_identity.py::test_spec_decode_greedy"
 RECORDED_TESTS = (
-    "attngroup/suites/spec_decode/test_draft_loop_oracle.py::"
-    "test_paged_draft_steps_equal_the_unpaged_recompute[llama3-eagle-k1]",
+    f"{GREEDY_IDENTITY}[llama3-eagle-torch-fp32-k1]",
     "attngroup/suites/engine_runner/test_forward_metadata.py",
     "attngroup/suites/grouping/test_attention_groups.py",
 )
@@ -240,13 +241,10 @@ def test_a_draft_only_line_of_this_repository_puts_the_spec_decode_steps_first(t
     document = json.loads(result.stdout)
     ran = document["ran_this_code"]
     # Both spec-decode steps declare the engine: selected, and the only steps that ran the line
-    # (the GPU step through the recorded case's function, whose GPU parametrizations it runs).
+    # (the GPU step through the recorded case's test function, whose GPU cases it runs).
     assert [(item["step"], item["selected"]) for item in ran] == [
         ("spec-decode-cpu", True),
         ("spec-decode-gpu-mtp", True),
     ]
-    assert ran[0]["tests"] == [
-        "attngroup/suites/spec_decode/test_draft_loop_oracle.py::"
-        "test_paged_draft_steps_equal_the_unpaged_recompute"
-    ]
+    assert [item["tests"] for item in ran] == [[GREEDY_IDENTITY], [GREEDY_IDENTITY]]
     assert ran[0]["lines"] == [f"{DRAFT_CONTEXT_FILE}:{line}"]
