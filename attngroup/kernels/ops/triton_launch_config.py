@@ -46,27 +46,35 @@ class LaunchConfig:
 
     ``block_m``: rows (query tokens x grouped heads) per program, a power of two >= 16 and >=
     the group size. ``tile_size``: keys per inner-loop step, a power of two >= 16.
-    ``num_segments``: KV segments of a split-KV launch (ignored by 2D), at most the scratch's.
+    ``num_segments``: KV segments of a split-KV launch (ignored by 2D), at most the scratch's;
+    None: as many as fill whole waves of the compiled kernel (what the heuristic does).
     ``merge_heads_per_program``: query heads per program of the split-KV merge.
+    ``value_splits``: programs that share one q-block's softmax, each owning that fraction of
+    V's (padded) head dimension; a power of two leaving >= 16 columns each.
+    ``prefetch_block_table``: read each tile's block numbers one iteration ahead.
     """
 
     block_m: int
     tile_size: int
     num_warps: int
     num_stages: int
-    num_segments: int = 1
+    num_segments: int | None = 1
     merge_heads_per_program: int = 1
+    value_splits: int = 1
+    prefetch_block_table: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "tile_size"):
             value = getattr(self, name)
             if value < 16 or value != next_power_of_2(value):
                 raise ValueError(f"{name} must be a power of two >= 16; got {value}")
-        if min(self.num_warps, self.num_stages, self.num_segments) < 1:
+        segments = 1 if self.num_segments is None else self.num_segments
+        if min(self.num_warps, self.num_stages, segments) < 1:
             raise ValueError(f"num_warps, num_stages and num_segments must be >= 1: {self}")
-        heads = self.merge_heads_per_program
-        if heads < 1 or heads != next_power_of_2(heads):
-            raise ValueError(f"merge_heads_per_program must be a power of two; got {heads}")
+        for name in ("merge_heads_per_program", "value_splits"):
+            value = getattr(self, name)
+            if value < 1 or value != next_power_of_2(value):
+                raise ValueError(f"{name} must be a power of two; got {value}")
 
     def block_q(self, group_size: int) -> int:
         """Query tokens per program."""
@@ -125,11 +133,12 @@ def choose_launch_config(
         tile_size = min(64, max(16, 8192 // head_size_padded))
         num_warps = 8 if block_m * head_size_padded >= 16384 else 4
     num_stages = 2
+    value_splits = 1
     num_segments = 1
     if path == "3d":
         block_q = block_m // group_size
         num_segments = split_kv_segments(
-            kv_programs=num_seqs * cdiv(max_query_len, block_q) * num_kv_heads,
+            kv_programs=num_seqs * cdiv(max_query_len, block_q) * num_kv_heads * value_splits,
             num_tiles=cdiv(max(max_seq_len, 1), tile_size),
             wave_slots=wave_slots,
             max_segments=max_segments,
@@ -137,7 +146,13 @@ def choose_launch_config(
     # The interpreter pays per program, a GPU wants many small ones.
     merge_heads = next_power_of_2(num_heads_q) if INTERPRETED else 1
     return LaunchConfig(
-        block_m, tile_size, num_warps, num_stages, max(num_segments, 1), merge_heads
+        block_m,
+        tile_size,
+        num_warps,
+        num_stages,
+        max(num_segments, 1),
+        merge_heads,
+        value_splits=value_splits,
     )
 
 
