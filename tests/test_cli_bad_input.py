@@ -195,6 +195,21 @@ CASES = [
         ("attngroup.benchmarks.tune_attention", "--json", "sweep.json"),
         "the sweep needs a CUDA device",
     ),
+    BadInput(
+        "ab-attention-unknown-case",
+        ("attngroup.benchmarks.ab_attention", "--cases", "decode.nothing.b1x1"),
+        "no benchmark case named 'decode.nothing.b1x1'",
+    ),
+    BadInput(
+        "ab-attention-unknown-variant",
+        ("attngroup.benchmarks.ab_attention", "--variants", "value-split-3"),
+        "unknown variants ['value-split-3']",
+    ),
+    BadInput(
+        "ab-attention-without-gpu",
+        ("attngroup.benchmarks.ab_attention", "--variants", "value-split-2"),
+        "the A/B needs a CUDA device",
+    ),
 ]
 
 

@@ -40,6 +40,7 @@ COMMANDS = [
     ("attngroup.benchmarks.bench_metadata",),
     ("attngroup.benchmarks.bench_spec_decode",),
     ("attngroup.benchmarks.tune_attention",),
+    ("attngroup.benchmarks.ab_attention",),
     ("attngroup.benchmarks.table",),
     ("attngroup.benchmarks.run_record",),
 ]

@@ -9,7 +9,7 @@ without editing the kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import triton
@@ -33,6 +33,11 @@ that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20
 one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
 for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us)."""
 Path = Literal["2d", "3d"]
+TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool], dict[str, object]] = {}
+"""``LaunchConfig`` fields that replace the heuristic's for decode and short verify, by
+(padded head size, more than one query token per request), where a same-process A/B on the
+H200 (``attngroup.benchmarks.ab_attention``) found a variant faster on every measured case
+of that kind; an empty table keeps the heuristic everywhere."""
 
 # The interpreter runs tl.dot through numpy, which mishandles bfloat16: operands are upcast to
 # float32 there (after rounding P to the cache dtype, so the rounding matches the GPU path).
@@ -132,28 +137,26 @@ def choose_launch_config(
     else:
         tile_size = min(64, max(16, 8192 // head_size_padded))
         num_warps = 8 if block_m * head_size_padded >= 16384 else 4
-    num_stages = 2
-    value_splits = 1
-    num_segments = 1
+    # The interpreter pays per program, a GPU wants many small ones.
+    merge_heads = next_power_of_2(num_heads_q) if INTERPRETED else 1
+    config = LaunchConfig(block_m, tile_size, num_warps, 2, 1, merge_heads)
+    if bandwidth_bound:
+        config = replace(
+            config, **TUNED_BANDWIDTH_OPTIONS.get((head_size_padded, max_query_len > 1), {})
+        )
     if path == "3d":
         block_q = block_m // group_size
         num_segments = split_kv_segments(
-            kv_programs=num_seqs * cdiv(max_query_len, block_q) * num_kv_heads * value_splits,
-            num_tiles=cdiv(max(max_seq_len, 1), tile_size),
+            kv_programs=num_seqs
+            * cdiv(max_query_len, block_q)
+            * num_kv_heads
+            * config.value_splits,
+            num_tiles=cdiv(max(max_seq_len, 1), config.tile_size),
             wave_slots=wave_slots,
             max_segments=max_segments,
         )
-    # The interpreter pays per program, a GPU wants many small ones.
-    merge_heads = next_power_of_2(num_heads_q) if INTERPRETED else 1
-    return LaunchConfig(
-        block_m,
-        tile_size,
-        num_warps,
-        num_stages,
-        max(num_segments, 1),
-        merge_heads,
-        value_splits=value_splits,
-    )
+        config = replace(config, num_segments=num_segments)
+    return config
 
 
 def split_kv_segments(

@@ -135,6 +135,19 @@ def wave_slots_of(tensors: AttentionTensors, plan: LaunchPlan) -> int:
     )
 
 
+def kernel_resources(plan: LaunchPlan, tensors: AttentionTensors) -> tuple[int, int]:
+    """Registers per thread and shared-memory bytes of the planned attention kernel (compiles
+    it on a GPU if needed), for benchmark reports."""
+    compiled = _unified_attention_kernel.warmup(
+        *_attention_arguments(plan, tensors),
+        grid=(1,),
+        **plan.attention.constexprs,
+        **plan.attention.options,
+    )
+    compiled._init_handles()
+    return compiled.n_regs, compiled.metadata.shared
+
+
 def _segment_buffers(plan: LaunchPlan, tensors: AttentionTensors) -> tuple[torch.Tensor, ...]:
     """The split-KV scratch buffers; the 2D kernel never touches them, so it gets the output."""
     scratch = tensors.scratch
