@@ -14,7 +14,8 @@ shared memory of the compiled attention kernel. The last lines name, per kind of
     python -m attngroup.benchmarks.ab_attention --cases verify.gemma4-e2b-sliding-d256.b16x32k --json out/ab.json
 
 ``--compile-workers N`` compiles the variants first in N processes (Triton's on-disk cache
-then serves the timing process), which shortens a GPU call with many variants.
+then serves the timing process), which shortens a GPU call with many variants;
+``--compile-only`` stops there (to compile while something else runs, then time alone).
 """
 
 from __future__ import annotations
@@ -322,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=10, help="timed runs per variant per round")
     parser.add_argument("--compile-workers", type=int, default=0)
+    parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     by_name = {variant.name: variant for variant in VARIANTS}
@@ -346,8 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from attngroup.benchmarks.timing import l2_flush_buffer
     from attngroup.reports.atomic import write_text_atomic
 
-    if args.compile_workers > 0:
-        precompile(case_names, variants, args.compile_workers)
+    if args.compile_workers > 0 or args.compile_only:
+        precompile(case_names, variants, max(args.compile_workers, 1))
+    if args.compile_only:
+        return 0
     flush = l2_flush_buffer(torch.device("cuda"))
     report = {}
     status = 0
