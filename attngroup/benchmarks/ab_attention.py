@@ -186,28 +186,29 @@ class CaseBench:
         return check_against_oracle(backend_run, self.case, self.common, self.cache, self.query)
 
 
-def compile_variants(case_names: Sequence[str], variants: Sequence[Variant]) -> None:
-    """Worker: run every variant of the cases once, filling Triton's on-disk cache."""
+def compile_variant(case_name: str, variant_name: str) -> None:
+    """Worker: run one variant of one case once, filling Triton's on-disk cache."""
     import torch
 
-    device = torch.device("cuda")
-    for name in case_names:
-        bench = CaseBench(find_case(name), device)
-        heuristic = bench.heuristic()
-        for variant in variants:
-            try:
-                bench.launcher(variant.config(heuristic))()
-            except Exception as error:  # refused configs are reported by the timing process
-                print(f"compile {name} {variant.name}: {type(error).__name__}", file=sys.stderr)
-    torch.cuda.synchronize()
+    bench = CaseBench(find_case(case_name), torch.device("cuda"))
+    variant = next(variant for variant in VARIANTS if variant.name == variant_name)
+    try:
+        bench.launcher(variant.config(bench.heuristic()))()
+        torch.cuda.synchronize()
+    except Exception as error:  # refused configs are reported by the timing process
+        print(f"compile {case_name} {variant_name}: {type(error).__name__}", file=sys.stderr)
 
 
 def precompile(case_names: Sequence[str], variants: Sequence[Variant], workers: int) -> None:
+    """Every (case, variant) compiled in ``workers`` spawned processes. The worker function is
+    taken from the imported module, never ``__main__``, so it pickles under ``python -m``."""
+    import importlib
     import multiprocessing
 
-    jobs = [([name], [variant]) for name in case_names for variant in variants]
+    module = importlib.import_module("attngroup.benchmarks.ab_attention")
+    jobs = [(name, variant.name) for name in case_names for variant in variants]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        pool.starmap(compile_variants, jobs)
+        pool.starmap(module.compile_variant, jobs, chunksize=1)
 
 
 def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flush) -> list[dict]:
