@@ -33,11 +33,24 @@ that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20
 one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
 for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us)."""
 Path = Literal["2d", "3d"]
-TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool], dict[str, object]] = {}
+TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool], dict[str, object]] = {
+    (256, False): {
+        "tile_size": 32,
+        "num_warps": 4,
+        "num_stages": 3,
+        "value_splits": 1,
+        "prefetch_block_table": True,
+    },
+}
 """``LaunchConfig`` fields that replace the heuristic's for decode and short verify, by
 (padded head size, more than one query token per request), where a same-process A/B on the
 H200 (``attngroup.benchmarks.ab_attention``) found a variant faster on every measured case
-of that kind; an empty table keeps the heuristic everywhere."""
+of that kind; other kinds keep the heuristic. Head 256, one token (decode, draft): 32-key
+tiles, block numbers read one tile ahead and three stages, which lets Triton's pipeliner
+double-buffer K and V in the shared memory one 64-key tile took (e2b decode 145.7 against
+148.5 us, e4b decode 265.5 against 267.6;
+``attngroup/benchmarks/results/h200-2026-12-04-kernel-ab.txt``). Nothing measured faster at
+head 512 or for verify (same file)."""
 
 # The interpreter runs tl.dot through numpy, which mishandles bfloat16: operands are upcast to
 # float32 there (after rounding P to the cache dtype, so the rounding matches the GPU path).
