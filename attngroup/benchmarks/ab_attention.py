@@ -27,7 +27,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from attngroup.benchmarks.cli import argument_parser
 
@@ -47,7 +47,7 @@ class Variant:
     """Fields replaced in the heuristic's config; ``tile_divisor`` divides its tile size."""
 
     name: str
-    fields: Mapping[str, object] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(default_factory=dict)
     tile_divisor: int = 1
 
     def config(self, heuristic: LaunchConfig) -> LaunchConfig | None:

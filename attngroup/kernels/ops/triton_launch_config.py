@@ -10,7 +10,7 @@ without editing the kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import triton
 
@@ -33,7 +33,7 @@ that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20
 one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
 for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us)."""
 Path = Literal["2d", "3d"]
-TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool], dict[str, object]] = {
+TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool], dict[str, Any]] = {
     (256, False): {
         "tile_size": 32,
         "num_warps": 4,
