@@ -21,7 +21,8 @@ import pytest
 import torch
 from jsonschema import Draft202012Validator
 
-from attngroup.benchmarks import bench_metadata, tune_attention
+from attngroup.benchmarks import bench_metadata
+from attngroup.benchmarks.tuning import sweep as tune_attention
 from attngroup.bugzoo.__main__ import main as bugzoo_main
 from attngroup.reference_engine.__main__ import main as engine_main
 from attngroup.reports.cli import EXIT_OK

@@ -27,7 +27,7 @@ MIN_LAUNCH_GRID_SIZE_2D = 128
 """Default 3D threshold numerator: ``seq_threshold_3d = 128 // num_kv_heads`` as in vLLM."""
 MIN_SEGMENTS_3D = 4
 """Split-KV launches take the fewest whole waves that give every (q-block, KV head) at least
-this many segments. Measured on the H200 (attngroup.benchmarks.tune_attention, Gemma 4 head 256 and 512,
+this many segments. Measured on the H200 (attngroup.benchmarks.tuning.sweep, Gemma 4 head 256 and 512,
 decode and verify at 64 x 8k and 16 x 32k, 4 to 32 segments): every fastest count was the one
 that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20 % slower than
 one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
@@ -44,7 +44,7 @@ TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool], dict[str, Any]] = {
 }
 """``LaunchConfig`` fields that replace the heuristic's for decode and short verify, by
 (padded head size, more than one query token per request), where a same-process A/B on the
-H200 (``attngroup.benchmarks.ab_attention``) found a variant faster on every measured case
+H200 (``attngroup.benchmarks.tuning.ab``) found a variant faster on every measured case
 of that kind; other kinds keep the heuristic. Head 256, one token (decode, draft): 32-key
 tiles, block numbers read one tile ahead and three stages, which lets Triton's pipeliner
 double-buffer K and V in the shared memory one 64-key tile took (e2b decode 145.7 against
@@ -143,7 +143,7 @@ def choose_launch_config(
     block_m = rows_per_program(group_size, max_query_len, head_size)
     bandwidth_bound = max_query_len <= MAX_3D_QUERY_LEN
     if bandwidth_bound:
-        # Tuned on the H200 (attngroup.benchmarks.tune_attention): 64-key tiles up to head 256, 32 at
+        # Tuned on the H200 (attngroup.benchmarks.tuning.sweep): 64-key tiles up to head 256, 32 at
         # head 512, four warps and two stages were fastest for decode, verify and draft alike.
         tile_size = 64 if head_size_padded <= 256 else 32
         num_warps = 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attngroup.benchmarks.ab_attention import CURRENT, VARIANTS, Variant, candidates
+from attngroup.benchmarks.tuning.ab import CURRENT, VARIANTS, Variant, candidates
 from attngroup.kernels.ops.triton_launch_config import LaunchConfig
 
 HEURISTIC = LaunchConfig(block_m=32, tile_size=64, num_warps=4, num_stages=2, num_segments=6)

@@ -11,7 +11,7 @@ shared memory of the compiled attention kernel. The last lines name, per kind of
 ``current`` on every case of that kind, if any: the candidates for
 ``triton_launch_config.TUNED_BANDWIDTH_OPTIONS``.
 
-    python -m attngroup.benchmarks.ab_attention --cases verify.gemma4-e2b-sliding-d256.b16x32k --json out/ab.json
+    python -m attngroup.benchmarks.tuning.ab --cases verify.gemma4-e2b-sliding-d256.b16x32k --json out/ab.json
 
 ``--compile-workers N`` compiles the variants first in N processes (Triton's on-disk cache
 then serves the timing process), which shortens a GPU call with many variants;
@@ -205,7 +205,7 @@ def precompile(case_names: Sequence[str], variants: Sequence[Variant], workers: 
     import importlib
     import multiprocessing
 
-    module = importlib.import_module("attngroup.benchmarks.ab_attention")
+    module = importlib.import_module("attngroup.benchmarks.tuning.ab")
     jobs = [(name, variant.name) for name in case_names for variant in variants]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         pool.starmap(module.compile_variant, jobs, chunksize=1)
@@ -316,7 +316,7 @@ def print_case(name: str, rows: list[dict]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argument_parser("attngroup.benchmarks.ab_attention", __doc__)
+    parser = argument_parser("attngroup.benchmarks.tuning.ab", __doc__)
     parser.add_argument("--cases", default=",".join(WORST_CASES), help="comma-separated names")
     parser.add_argument(
         "--variants", default=None, help="comma-separated (default: all; current always runs)"
