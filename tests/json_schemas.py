@@ -24,6 +24,7 @@ SCHEMAS = (
     "ci-check-deps-baseline",
     "benchmark-metrics",
     "benchmark-tune-attention",
+    "benchmark-ab-attention",
     "reports-comparison",
     "reference-engine-inspect",
     "reference-engine-generate",

@@ -187,13 +187,28 @@ CASES = [
     ),
     BadInput(
         "tune-attention-bad-list",
-        ("attngroup.benchmarks.tune_attention", "--block-m", "x"),
+        ("attngroup.benchmarks.tuning.sweep", "--block-m", "x"),
         "expected comma-separated integers; got 'x'",
     ),
     BadInput(
         "tune-attention-without-gpu",
-        ("attngroup.benchmarks.tune_attention", "--json", "sweep.json"),
+        ("attngroup.benchmarks.tuning.sweep", "--json", "sweep.json"),
         "the sweep needs a CUDA device",
+    ),
+    BadInput(
+        "ab-attention-unknown-case",
+        ("attngroup.benchmarks.tuning.ab", "--cases", "decode.nothing.b1x1"),
+        "no benchmark case named 'decode.nothing.b1x1'",
+    ),
+    BadInput(
+        "ab-attention-unknown-variant",
+        ("attngroup.benchmarks.tuning.ab", "--variants", "value-split-3"),
+        "unknown variants ['value-split-3']",
+    ),
+    BadInput(
+        "ab-attention-without-gpu",
+        ("attngroup.benchmarks.tuning.ab", "--variants", "value-split-2"),
+        "the A/B needs a CUDA device",
     ),
 ]
 

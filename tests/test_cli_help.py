@@ -39,7 +39,8 @@ COMMANDS = [
     ("attngroup.benchmarks.bench_attention",),
     ("attngroup.benchmarks.bench_metadata",),
     ("attngroup.benchmarks.bench_spec_decode",),
-    ("attngroup.benchmarks.tune_attention",),
+    ("attngroup.benchmarks.tuning.sweep",),
+    ("attngroup.benchmarks.tuning.ab",),
     ("attngroup.benchmarks.table",),
     ("attngroup.benchmarks.run_record",),
 ]

@@ -21,7 +21,8 @@ import pytest
 import torch
 from jsonschema import Draft202012Validator
 
-from attngroup.benchmarks import bench_metadata, tune_attention
+from attngroup.benchmarks import bench_metadata
+from attngroup.benchmarks.tuning import sweep as tune_attention
 from attngroup.bugzoo.__main__ import main as bugzoo_main
 from attngroup.reference_engine.__main__ import main as engine_main
 from attngroup.reports.cli import EXIT_OK
@@ -49,6 +50,7 @@ from tests.test_pairs_cli import E2B
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "attngroup" / "benchmarks" / "results"
 COMMITTED_SWEEP = RESULTS / "h200-2026-12-02-tune-verify-d512.json"
+COMMITTED_AB = RESULTS / "h200-2026-12-04-kernel-ab.json"
 
 
 def test_schema_folder_holds_exactly_the_contracts() -> None:
@@ -72,6 +74,8 @@ def _committed_results() -> list[Any]:
             name = "run-record"
         elif isinstance(data, list):
             name = "benchmark-metrics"
+        elif isinstance(data, dict) and "candidates" in data:
+            name = "benchmark-ab-attention"
         else:
             name = "benchmark-tune-attention"
         params.append(pytest.param(path, name, id=str(path.relative_to(RESULTS))))
@@ -152,6 +156,7 @@ def real_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     outputs["bugzoo-results"] = _zoo_results(tmp_path_factory.mktemp("zoo"))
     # tune_attention needs CUDA: its real output here is a committed sweep from an H200
     outputs["benchmark-tune-attention"] = json.loads(COMMITTED_SWEEP.read_text())
+    outputs["benchmark-ab-attention"] = json.loads(COMMITTED_AB.read_text())
     return outputs
 
 
@@ -235,6 +240,14 @@ FAULTS = [
         ("verify.gemma4-e2b-full-d512.b64x8k", 0, "config", "num_warps"),
         MISSING,
     ),
+    ("benchmark-ab-attention", ("cases", "decode.gemma4-e2b-sliding-d256.b64x8k", 0, "correct"), 1),
+    (
+        "benchmark-ab-attention",
+        ("cases", "decode.gemma4-e2b-sliding-d256.b64x8k", 1, "p90_us"),
+        MISSING,
+    ),
+    ("benchmark-ab-attention", ("candidates", 0, "options", "value_splits"), "2"),
+    ("benchmark-ab-attention", ("device",), MISSING),
     ("bugzoo-results", ("load_average",), [0.5, 0.4, 0.3]),
     ("bugzoo-results", ("baseline", "id"), "unpatched"),
     ("bugzoo-results", ("entries", 0, "caught"), "yes"),

@@ -9,8 +9,8 @@ without editing the kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import triton
 
@@ -27,12 +27,30 @@ MIN_LAUNCH_GRID_SIZE_2D = 128
 """Default 3D threshold numerator: ``seq_threshold_3d = 128 // num_kv_heads`` as in vLLM."""
 MIN_SEGMENTS_3D = 4
 """Split-KV launches take the fewest whole waves that give every (q-block, KV head) at least
-this many segments. Measured on the H200 (attngroup.benchmarks.tune_attention, Gemma 4 head 256 and 512,
+this many segments. Measured on the H200 (attngroup.benchmarks.tuning.sweep, Gemma 4 head 256 and 512,
 decode and verify at 64 x 8k and 16 x 32k, 4 to 32 segments): every fastest count was the one
 that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20 % slower than
 one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
 for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us)."""
 Path = Literal["2d", "3d"]
+TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool], dict[str, Any]] = {
+    (256, False): {
+        "tile_size": 32,
+        "num_warps": 4,
+        "num_stages": 3,
+        "value_splits": 1,
+        "prefetch_block_table": True,
+    },
+}
+"""``LaunchConfig`` fields that replace the heuristic's for decode and short verify, by
+(padded head size, more than one query token per request), where a same-process A/B on the
+H200 (``attngroup.benchmarks.tuning.ab``) found a variant faster on every measured case
+of that kind; other kinds keep the heuristic. Head 256, one token (decode, draft): 32-key
+tiles, block numbers read one tile ahead and three stages, which lets Triton's pipeliner
+double-buffer K and V in the shared memory one 64-key tile took (e2b decode 145.7 against
+148.5 us, e4b decode 265.5 against 267.6;
+``attngroup/benchmarks/results/h200-2026-12-04-kernel-ab.txt``). Nothing measured faster at
+head 512 or for verify (same file)."""
 
 # The interpreter runs tl.dot through numpy, which mishandles bfloat16: operands are upcast to
 # float32 there (after rounding P to the cache dtype, so the rounding matches the GPU path).
@@ -46,27 +64,35 @@ class LaunchConfig:
 
     ``block_m``: rows (query tokens x grouped heads) per program, a power of two >= 16 and >=
     the group size. ``tile_size``: keys per inner-loop step, a power of two >= 16.
-    ``num_segments``: KV segments of a split-KV launch (ignored by 2D), at most the scratch's.
+    ``num_segments``: KV segments of a split-KV launch (ignored by 2D), at most the scratch's;
+    None: as many as fill whole waves of the compiled kernel (what the heuristic does).
     ``merge_heads_per_program``: query heads per program of the split-KV merge.
+    ``value_splits``: programs that share one q-block's softmax, each owning that fraction of
+    V's (padded) head dimension; a power of two leaving >= 16 columns each.
+    ``prefetch_block_table``: read each tile's block numbers one iteration ahead.
     """
 
     block_m: int
     tile_size: int
     num_warps: int
     num_stages: int
-    num_segments: int = 1
+    num_segments: int | None = 1
     merge_heads_per_program: int = 1
+    value_splits: int = 1
+    prefetch_block_table: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "tile_size"):
             value = getattr(self, name)
             if value < 16 or value != next_power_of_2(value):
                 raise ValueError(f"{name} must be a power of two >= 16; got {value}")
-        if min(self.num_warps, self.num_stages, self.num_segments) < 1:
+        segments = 1 if self.num_segments is None else self.num_segments
+        if min(self.num_warps, self.num_stages, segments) < 1:
             raise ValueError(f"num_warps, num_stages and num_segments must be >= 1: {self}")
-        heads = self.merge_heads_per_program
-        if heads < 1 or heads != next_power_of_2(heads):
-            raise ValueError(f"merge_heads_per_program must be a power of two; got {heads}")
+        for name in ("merge_heads_per_program", "value_splits"):
+            value = getattr(self, name)
+            if value < 1 or value != next_power_of_2(value):
+                raise ValueError(f"{name} must be a power of two; got {value}")
 
     def block_q(self, group_size: int) -> int:
         """Query tokens per program."""
@@ -117,28 +143,33 @@ def choose_launch_config(
     block_m = rows_per_program(group_size, max_query_len, head_size)
     bandwidth_bound = max_query_len <= MAX_3D_QUERY_LEN
     if bandwidth_bound:
-        # Tuned on the H200 (attngroup.benchmarks.tune_attention): 64-key tiles up to head 256, 32 at
+        # Tuned on the H200 (attngroup.benchmarks.tuning.sweep): 64-key tiles up to head 256, 32 at
         # head 512, four warps and two stages were fastest for decode, verify and draft alike.
         tile_size = 64 if head_size_padded <= 256 else 32
         num_warps = 4
     else:
         tile_size = min(64, max(16, 8192 // head_size_padded))
         num_warps = 8 if block_m * head_size_padded >= 16384 else 4
-    num_stages = 2
-    num_segments = 1
+    # The interpreter pays per program, a GPU wants many small ones.
+    merge_heads = next_power_of_2(num_heads_q) if INTERPRETED else 1
+    config = LaunchConfig(block_m, tile_size, num_warps, 2, 1, merge_heads)
+    if bandwidth_bound:
+        config = replace(
+            config, **TUNED_BANDWIDTH_OPTIONS.get((head_size_padded, max_query_len > 1), {})
+        )
     if path == "3d":
         block_q = block_m // group_size
         num_segments = split_kv_segments(
-            kv_programs=num_seqs * cdiv(max_query_len, block_q) * num_kv_heads,
-            num_tiles=cdiv(max(max_seq_len, 1), tile_size),
+            kv_programs=num_seqs
+            * cdiv(max_query_len, block_q)
+            * num_kv_heads
+            * config.value_splits,
+            num_tiles=cdiv(max(max_seq_len, 1), config.tile_size),
             wave_slots=wave_slots,
             max_segments=max_segments,
         )
-    # The interpreter pays per program, a GPU wants many small ones.
-    merge_heads = next_power_of_2(num_heads_q) if INTERPRETED else 1
-    return LaunchConfig(
-        block_m, tile_size, num_warps, num_stages, max(num_segments, 1), merge_heads
-    )
+        config = replace(config, num_segments=num_segments)
+    return config
 
 
 def split_kv_segments(

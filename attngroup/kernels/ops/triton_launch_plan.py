@@ -135,8 +135,9 @@ def plan_launch(
     """The launch of one ``unified_attention`` call, or None when the batch has no tokens.
 
     Raises ValueError on bad input and ScratchTooSmallError when the split-KV scratch does not
-    cover the launch, before anything runs. With ``config=None`` a split-KV launch asks
-    ``wave_slots`` once for the wave size of its attention kernel and fills whole waves.
+    cover the launch, before anything runs. With ``config=None``, or a config whose
+    ``num_segments`` is None, a split-KV launch asks ``wave_slots`` once for the wave size of
+    its attention kernel and fills whole waves.
     """
     _check_inputs(tensors)
     _check_scalars(sm_scale, sliding_window, logits_soft_cap)
@@ -175,10 +176,14 @@ def plan_launch(
         path=path,
         seq_threshold_3d=seq_threshold_3d,
     )
-    plan = _assemble(call, chosen, config or _heuristic_config(call, chosen))
+    fill_waves = config is None or config.num_segments is None
+    config = config or _heuristic_config(call, chosen)
+    if config.num_segments is None:  # one segment until the wave probe has answered
+        config = replace(config, num_segments=1)
+    plan = _assemble(call, chosen, config)
     if chosen == "3d":
         assert scratch is not None  # select_path returns "3d" only with scratch
-        if config is None:
+        if fill_waves:
             plan = _assemble(call, chosen, _fill_waves(call, plan, wave_slots(plan)))
         check_scratch(scratch, plan.scratch_needs)
     return plan
@@ -243,6 +248,12 @@ def _fill_waves(call: _Call, plan: LaunchPlan, wave_slots: int) -> LaunchConfig:
 def _assemble(call: _Call, path: Path, config: LaunchConfig) -> LaunchPlan:
     if config.block_m < call.group_size:
         raise ValueError(f"block_m {config.block_m} is below the group size {call.group_size}")
+    value_width = dot_head_size(call.head_size) // config.value_splits
+    if value_width < 16:
+        raise ValueError(
+            f"value_splits {config.value_splits} leaves {value_width} columns of the "
+            f"{dot_head_size(call.head_size)}-wide head per program; tl.dot needs >= 16"
+        )
     split_kv = path == "3d"
     block_q = config.block_q(call.group_size)
     q_blocks_per_seq = cdiv(call.max_query_len, block_q)
@@ -253,7 +264,8 @@ def _assemble(call: _Call, path: Path, config: LaunchConfig) -> LaunchPlan:
         grid_q_blocks = call.num_tokens // block_q + call.num_seqs
     num_segments = config.num_segments if split_kv else 1
     attention = KernelLaunch(
-        grid=(grid_q_blocks, call.num_kv_heads, num_segments),
+        # A q-block's value parts are neighbours on axis 0, so their K reads meet in L2.
+        grid=(grid_q_blocks * config.value_splits, call.num_kv_heads, num_segments),
         constexprs=_attention_constexprs(call, config, split_kv),
         options=MappingProxyType({"num_warps": config.num_warps, "num_stages": config.num_stages}),
     )
@@ -301,6 +313,8 @@ def _attention_constexprs(
             "SPLIT_KV": split_kv,
             "DOT_IN_FP32": INTERPRETED,
             "DOT_PRECISION": "ieee" if call.dtype == torch.float32 else "tf32",
+            "VALUE_SPLITS": config.value_splits,
+            "PREFETCH_BLOCK_TABLE": config.prefetch_block_table,
         }
     )
 

@@ -22,6 +22,15 @@ How the work is cut:
   queries only, so its axis is exact: ``cdiv(max_query_len, block_q)`` q-blocks per request,
   found by division (no search, and no idle programs taking a slot in the waves: decode at
   G = 8 used to launch a third of its programs only for them to exit).
+* Value split (``VALUE_SPLITS`` > 1, wide heads): the ``VALUE_SPLITS`` programs of one
+  (q-block, KV head[, segment]) are neighbours on grid axis 0; each reads all of K (the
+  neighbours' reads of the same tile meet in L2) and computes the same softmax, but owns
+  ``HEAD_SIZE_PADDED / VALUE_SPLITS`` columns of V and of the output, so its float32
+  accumulator, the register cost that limits occupancy at head 512, shrinks by that factor.
+  FlashInfer's FA2 kernel splits the same way across the warps of one CTA.
+* Block-table prefetch (``PREFETCH_BLOCK_TABLE``): a tile's physical block numbers are read
+  in the iteration before it, so the K and V loads of a tile depend on no load of their own
+  iteration and Triton's pipeliner can give them more than one shared-memory buffer.
 * Only the key positions some row of the q-block can see are loaded (causal end, sliding-window
   start), through the block table, so cache slots outside them may hold anything.
 
@@ -126,6 +135,19 @@ def wave_slots_of(tensors: AttentionTensors, plan: LaunchPlan) -> int:
     )
 
 
+def kernel_resources(plan: LaunchPlan, tensors: AttentionTensors) -> tuple[int, int]:
+    """Registers per thread and shared-memory bytes of the planned attention kernel (compiles
+    it on a GPU if needed), for benchmark reports."""
+    compiled = _unified_attention_kernel.warmup(
+        *_attention_arguments(plan, tensors),
+        grid=(1,),
+        **plan.attention.constexprs,
+        **plan.attention.options,
+    )
+    compiled._init_handles()
+    return compiled.n_regs, compiled.metadata.shared
+
+
 def _segment_buffers(plan: LaunchPlan, tensors: AttentionTensors) -> tuple[torch.Tensor, ...]:
     """The split-KV scratch buffers; the 2D kernel never touches them, so it gets the output."""
     scratch = tensors.scratch
@@ -177,6 +199,13 @@ def _find_request(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr)
         else:
             high = mid
     return low - 1
+
+
+@triton.jit
+def _physical_blocks(block_table_row, key_pos, kv_start, kv_end, BLOCK_SIZE: tl.constexpr):
+    """[keys]: the cache block of each key position; 0 (never read) outside [kv_start, kv_end)."""
+    valid = (key_pos >= kv_start) & (key_pos < kv_end)
+    return tl.load(block_table_row + key_pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
 
 
 @triton.jit
@@ -253,9 +282,12 @@ def _unified_attention_kernel(
     SPLIT_KV: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    VALUE_SPLITS: tl.constexpr,
+    PREFETCH_BLOCK_TABLE: tl.constexpr,
 ):
-    """One (q-block, KV head[, segment]) program; see the module docstring."""
-    q_block = tl.program_id(0)
+    """One (q-block, KV head[, segment], value part) program; see the module docstring."""
+    q_block = tl.program_id(0) // VALUE_SPLITS
+    value_part = tl.program_id(0) % VALUE_SPLITS
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
 
@@ -281,6 +313,10 @@ def _unified_attention_kernel(
     query_pos = context_len + token_local
     dims = tl.arange(0, HEAD_SIZE_PADDED)
     dim_mask = dims < HEAD_SIZE
+    value_dims = value_part * (HEAD_SIZE_PADDED // VALUE_SPLITS) + tl.arange(
+        0, HEAD_SIZE_PADDED // VALUE_SPLITS
+    )
+    value_mask = value_dims < HEAD_SIZE
 
     q = tl.load(
         query_ptr
@@ -307,15 +343,25 @@ def _unified_attention_kernel(
 
     running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_SIZE_PADDED], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE_PADDED // VALUE_SPLITS], dtype=tl.float32)
     tile_offsets = tl.arange(0, TILE_SIZE)
     block_table_row = block_table_ptr + request.to(tl.int64) * stride_block_table
+    if PREFETCH_BLOCK_TABLE:
+        next_block = _physical_blocks(
+            block_table_row, tile_start * TILE_SIZE + tile_offsets, kv_start, kv_end, BLOCK_SIZE
+        )
     for tile in range(tile_start, tile_end):
         key_pos = tile * TILE_SIZE + tile_offsets
         key_valid = (key_pos >= kv_start) & (key_pos < kv_end)
-        physical_block = tl.load(
-            block_table_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0
-        ).to(tl.int64)
+        if PREFETCH_BLOCK_TABLE:
+            physical_block = next_block
+            next_block = _physical_blocks(
+                block_table_row, key_pos + TILE_SIZE, kv_start, kv_end, BLOCK_SIZE
+            )
+        else:
+            physical_block = _physical_blocks(
+                block_table_row, key_pos, kv_start, kv_end, BLOCK_SIZE
+            )
         in_block = key_pos % BLOCK_SIZE
         k = tl.load(  # [HEAD_SIZE_PADDED, TILE_SIZE]: K transposed
             key_cache_ptr
@@ -326,13 +372,13 @@ def _unified_attention_kernel(
             mask=dim_mask[:, None] & key_valid[None, :],
             other=0.0,
         )
-        v = tl.load(  # [TILE_SIZE, HEAD_SIZE_PADDED]
+        v = tl.load(  # [TILE_SIZE, HEAD_SIZE_PADDED // VALUE_SPLITS]: this part's columns
             value_cache_ptr
             + physical_block[:, None] * stride_value_block
             + in_block[:, None] * stride_value_offset
             + kv_head * stride_value_head
-            + dims[None, :],
-            mask=key_valid[:, None] & dim_mask[None, :],
+            + value_dims[None, :],
+            mask=key_valid[:, None] & value_mask[None, :],
             other=0.0,
         )
         if DOT_IN_FP32:
@@ -359,21 +405,22 @@ def _unified_attention_kernel(
     if SPLIT_KV:
         segm_row = (token * NUM_HEADS_Q + head) * SCRATCH_SEGMENTS + segment
         tl.store(
-            segm_output_ptr + segm_row[:, None] * SCRATCH_ROW + dims[None, :],
+            segm_output_ptr + segm_row[:, None] * SCRATCH_ROW + value_dims[None, :],
             acc,
-            mask=row_valid[:, None] & dim_mask[None, :],
+            mask=row_valid[:, None] & value_mask[None, :],
         )
-        tl.store(segm_max_ptr + segm_row, running_max, mask=row_valid)
-        tl.store(segm_expsum_ptr + segm_row, running_sum, mask=row_valid)
+        # Every value part computed the same max and sum; the first one writes them.
+        tl.store(segm_max_ptr + segm_row, running_max, mask=row_valid & (value_part == 0))
+        tl.store(segm_expsum_ptr + segm_row, running_sum, mask=row_valid & (value_part == 0))
     else:
         out = acc / tl.where(running_sum > 0.0, running_sum, 1.0)[:, None]
         tl.store(
             output_ptr
             + token[:, None] * stride_output_token
             + head[:, None] * stride_output_head
-            + dims[None, :],
+            + value_dims[None, :],
             out.to(output_ptr.dtype.element_ty),
-            mask=row_valid[:, None] & dim_mask[None, :],
+            mask=row_valid[:, None] & value_mask[None, :],
         )
 
 

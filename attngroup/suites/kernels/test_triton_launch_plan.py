@@ -128,23 +128,23 @@ TWO_PER_SM = 2 * H200_SMS
 PLANS = {
     # G = 8, head 256: block_m = 16 rows (the G rows of one token, padded to 16), so block_q =
     # 2 and one q-block per request; 4 KV programs fill one 396-slot wave at 99 segments,
-    # capped at the scratch's 32.
+    # capped at the scratch's 32. One-token head-256 tiles are 32 keys (TUNED_BANDWIDTH_OPTIONS).
     "decode-4x8k-d256": (
         Batch(4, 1, 8, 1, 256, 8192),
         THREE_PER_SM,
-        Expected("3d", (4, 1, 32), 16, 64),
+        Expected("3d", (4, 1, 32), 16, 32),
     ),
     # 64 KV programs: one wave of 396 slots holds 6 segments each, of 264 slots 4 (the
     # measured optima of test_triton_launcher's MEASURED_SEGMENT_OPTIMA).
     "decode-64x8k-3-per-sm": (
         Batch(64, 1, 8, 1, 256, 8192),
         THREE_PER_SM,
-        Expected("3d", (64, 1, 6), 16, 64),
+        Expected("3d", (64, 1, 6), 16, 32),
     ),
     "decode-64x8k-2-per-sm": (
         Batch(64, 1, 8, 1, 256, 8192),
         TWO_PER_SM,
-        Expected("3d", (64, 1, 4), 16, 64),
+        Expected("3d", (64, 1, 4), 16, 32),
     ),
     # Verify of 3 drafts: 4 tokens x G = 8 is 32 rows, one q-block per request.
     "verify4-4x8k-d256": (
@@ -176,7 +176,7 @@ PLANS = {
     "decode-no-scratch": (
         Batch(4, 1, 8, 1, 256, 8192, scratch_segments=None),
         THREE_PER_SM,
-        Expected("2d", (6, 1, 1), 16, 64),
+        Expected("2d", (6, 1, 1), 16, 32),
     ),
     # 17 requests of G = 4 and 8 KV heads pass the 2D threshold 128 // 8 = 16.
     "decode-over-threshold": (

@@ -123,7 +123,7 @@ def test_verify_reads_kv_once_per_request(
     assert 1 <= config.num_segments <= DEFAULT_NUM_SEGMENTS
 
 
-# The fastest segment counts of attngroup.benchmarks.tune_attention on the H200 (4 to 32 segments swept):
+# The fastest segment counts of attngroup.benchmarks.tuning.sweep on the H200 (4 to 32 segments swept):
 # (KV programs = q-blocks x KV heads, tiles of the context, wave slots, fastest segments).
 MEASURED_SEGMENT_OPTIMA = {
     "e2b-d256-decode-64x8k": (64, 128, 3 * H200_SMS, 6),

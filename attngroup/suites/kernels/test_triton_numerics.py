@@ -264,3 +264,55 @@ def test_split_kv_matches_2d(case: Case, num_segments: int, device: torch.device
     output_3d = _run(batch, case, "3d", replace(heuristic, tile_size=16, num_segments=num_segments))
     error = relative_error(output_3d, output_2d)
     assert error < RELATIVE_ERROR_BOUND[case.dtype], f"3D vs 2D relative error {error:.3g}"
+
+
+def _variant_param(
+    on_gpu: bool,
+    heads: tuple[int, int],
+    head_size: int,
+    kind: str,
+    dtype: torch.dtype,
+    path: str,
+    window: int | None,
+    variant: dict,
+):
+    case = Case(on_gpu, *heads, head_size, 16, kind, dtype, path, sliding_window=window)
+    marks = [pytest.mark.gpu, gpu_only] if on_gpu else []
+    name = "-".join(f"{key}{int(value)}" for key, value in variant.items())
+    return pytest.param(case, variant, id=f"{case}-{name}", marks=marks)
+
+
+VALUE_SPLIT = {"value_splits": 2}
+PREFETCH = {"prefetch_block_table": True, "tile_size": 16}
+LAUNCH_VARIANT_CASES = [
+    _variant_param(False, (8, 1), 512, "verify", torch.float32, "3d", None, VALUE_SPLIT),
+    _variant_param(False, (4, 2), 512, "decode", torch.float16, "3d", 5, {"value_splits": 4}),
+    _variant_param(False, (8, 1), 256, "chunked", torch.float32, "2d", 24, VALUE_SPLIT),
+    _variant_param(False, (8, 2), 256, "verify", torch.float32, "3d", 24, PREFETCH),
+    _variant_param(False, (6, 2), 128, "chunked", torch.float16, "2d", None, PREFETCH),
+    _variant_param(False, (4, 1), 96, "verify", torch.float32, "3d", None, PREFETCH | VALUE_SPLIT),
+    _variant_param(True, (8, 1), 512, "decode64", torch.bfloat16, "3d", None, VALUE_SPLIT),
+    _variant_param(True, (4, 2), 512, "verify", torch.bfloat16, "3d", 512, {"value_splits": 4}),
+    _variant_param(True, (8, 1), 256, "verify", torch.float32, "3d", None, PREFETCH | VALUE_SPLIT),
+    _variant_param(True, (32, 8), 128, "prefill", torch.float16, "2d", 24, PREFETCH),
+]
+
+
+@pytest.mark.parametrize(("case", "variant"), LAUNCH_VARIANT_CASES)
+def test_launch_variants_match_oracle(case: Case, variant: dict, device: torch.device) -> None:
+    """The value split (programs owning a slice of V's columns) and the block-table prefetch
+    compute the same attention as the oracle, segments fitted to waves as the launcher does."""
+    batch = case.batch(device)
+    heuristic = choose_launch_config(
+        num_heads_q=case.num_heads_q,
+        num_kv_heads=case.num_kv_heads,
+        head_size=case.head_size,
+        num_seqs=batch.spec.num_reqs,
+        max_query_len=batch.spec.max_query_len,
+        max_seq_len=batch.spec.max_seq_len,
+        path=case.path,
+    )
+    config = replace(heuristic, num_segments=None, **variant)
+    output = _run(batch, case, case.path, config)
+    error = relative_error(output, _reference(batch, case))
+    assert error < RELATIVE_ERROR_BOUND[case.dtype], f"relative error {error:.3g}"

@@ -2,7 +2,7 @@
 decode, verify and draft cases, and print the fastest configurations next to
 the heuristic's choice (``choose_launch_config``).
 
-    python -m attngroup.benchmarks.tune_attention --shapes gemma4-e2b-sliding-d256 --json out/tune.json
+    python -m attngroup.benchmarks.tuning.sweep --shapes gemma4-e2b-sliding-d256 --json out/tune.json
 
 Used to set the heuristic; the benchmark (``attngroup.benchmarks.bench_attention``) is
 what reports performance.
@@ -144,7 +144,7 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argument_parser("attngroup.benchmarks.tune_attention", __doc__)
+    parser = argument_parser("attngroup.benchmarks.tuning.sweep", __doc__)
     parser.add_argument(
         "--shapes", default=None, help="comma-separated (default: every benchmark shape)"
     )

@@ -1,0 +1,64 @@
+"""The launch-variant A/B's pure parts: variant configs and the per-kind candidates."""
+
+from __future__ import annotations
+
+import pytest
+
+from attngroup.benchmarks.tuning.ab import CURRENT, VARIANTS, Variant, candidates
+from attngroup.kernels.ops.triton_launch_config import LaunchConfig
+
+HEURISTIC = LaunchConfig(block_m=32, tile_size=64, num_warps=4, num_stages=2, num_segments=6)
+E2B_VERIFY = "verify.gemma4-e2b-sliding-d256.b16x32k"
+E4B_VERIFY = "verify.gemma4-e4b-sliding-d256.b64x8k"
+E2B_DECODE = "decode.gemma4-e2b-sliding-d256.b64x8k"
+
+
+def test_current_is_the_launchers_choice_and_variants_refit_segments() -> None:
+    assert Variant(CURRENT).config(HEURISTIC) is None
+    halved = Variant("v", {"value_splits": 2}, tile_divisor=2).config(HEURISTIC)
+    assert halved == LaunchConfig(32, 32, 4, 2, None, value_splits=2)
+    assert len({variant.name for variant in VARIANTS}) == len(VARIANTS)
+
+
+def _row(variant: str, ratio: float | None, correct: bool = True, **config) -> dict:
+    base = {"tile_size": 64, "num_warps": 4, "num_stages": 2, "value_splits": 1}
+    row = {"variant": variant, "correct": correct, "config": base | config}
+    row["config"].setdefault("prefetch_block_table", False)
+    if ratio is not None:
+        row["over_current"] = ratio
+    return row
+
+
+def _report(**ratios: tuple[float, float, float]) -> dict:
+    """Per variant, its ratio on the two head-256 verify cases and the head-256 decode."""
+    rows = {name: [_row(CURRENT, 1.0)] for name in (E2B_VERIFY, E4B_VERIFY, E2B_DECODE)}
+    for variant, (first, second, decode) in ratios.items():
+        rows[E2B_VERIFY].append(_row(variant, first, value_splits=2))
+        rows[E4B_VERIFY].append(_row(variant, second, value_splits=2))
+        rows[E2B_DECODE].append(_row(variant, decode, value_splits=2))
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("ratios", "verify_choice", "decode_choice"),
+    [
+        pytest.param({"a": (0.90, 0.99, 1.2)}, "a", CURRENT, id="faster-on-every-verify"),
+        pytest.param({"a": (0.90, 0.999, 0.9)}, CURRENT, "a", id="level-on-one-verify"),
+        pytest.param({"a": (0.95, 0.95, 1), "b": (0.90, 0.98, 1)}, "b", CURRENT, id="geomean"),
+    ],
+)
+def test_a_candidate_is_faster_on_every_case_of_its_kind(
+    ratios: dict, verify_choice: str, decode_choice: str
+) -> None:
+    chosen = {(entry["several_tokens"]): entry for entry in candidates(_report(**ratios))}
+    assert chosen[True]["variant"] == verify_choice
+    assert chosen[False]["variant"] == decode_choice
+    expected = {} if verify_choice == CURRENT else {"value_splits": 2}
+    assert {k: v for k, v in chosen[True]["options"].items() if k == "value_splits"} == expected
+
+
+def test_a_wrong_variant_is_never_a_candidate() -> None:
+    report = _report(a=(0.5, 0.5, 0.5))
+    report[E4B_VERIFY][1] = _row("a", None, correct=False)
+    chosen = {entry["several_tokens"]: entry["variant"] for entry in candidates(report)}
+    assert chosen == {True: CURRENT, False: "a"}
