@@ -259,3 +259,10 @@ def test_the_committed_baseline_is_well_formed_and_sorted():
     assert list(counts) == sorted(counts)
     assert all(count >= 1 for count in counts.values()), "clean modules are dropped"
     assert all((REPO / module).is_file() for module in counts), "a module the tree lacks"
+
+
+def test_ci_runs_the_ratchet_in_the_lint_session():
+    noxfile = (REPO / "noxfile.py").read_text()
+    lint = noxfile[noxfile.index("def lint(") :].split("\n@nox.session", 1)[0]
+    assert 'session.run("python", "scripts/mypy_ratchet.py")' in lint
+    assert "nox -s lint" in (REPO / ".ci" / "run").read_text()
