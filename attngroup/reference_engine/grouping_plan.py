@@ -51,8 +51,9 @@ class GroupingPlan:
 
     def raise_on_error(self) -> None:
         """Fail as an engine start-up does when a group mixes head counts."""
-        if self.first_error:
-            raise self.first_error.builder_error
+        first = self.first_error
+        if first is not None and first.builder_error is not None:
+            raise first.builder_error
 
 
 def plan_grouping(

@@ -107,19 +107,20 @@ class FullAttentionSpec(AttentionSpec):
         specs = list(specs)
         if not specs:
             raise SpecMergeError("cannot merge an empty list of specs")
-        if not all(isinstance(s, FullAttentionSpec) for s in specs):
+        full = [s for s in specs if isinstance(s, FullAttentionSpec)]
+        if len(full) < len(specs):
             return KVCacheSpec.merge(specs)
-        windows = {s.sliding_window for s in specs if s.sliding_window is not None}
+        windows = {s.sliding_window for s in full if s.sliding_window is not None}
         if len(windows) > 1:
             raise SpecMergeError(
                 f"full-attention specs with different sliding windows {sorted(windows)} cannot merge"
             )
-        base = {replace(s, sliding_window=None) for s in specs}
+        base = {replace(s, sliding_window=None) for s in full}
         if len(base) > 1:
             raise SpecMergeError(
                 f"full-attention specs differ beyond the window: {sorted(map(str, base))}"
             )
-        return replace(specs[0], sliding_window=next(iter(windows), None))
+        return replace(full[0], sliding_window=next(iter(windows), None))
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ def _load_inputs(args: argparse.Namespace) -> Inputs:
     else:
         baseline = load_record(args.baseline) if args.baseline else None
     kinds_differ = baseline is not None and baseline.kind != run.kind
-    if kinds_differ and not args.force:
+    if baseline is not None and kinds_differ and not args.force:
         raise RecordError(
             f"run {args.run!r} is a {run.kind} record but baseline {baseline.source!r} is a "
             f"{baseline.kind} record: their tests and metrics are not comparable "
@@ -173,7 +173,7 @@ def _load_inputs(args: argparse.Namespace) -> Inputs:
     thresholds = ThresholdPolicy(default=args.default_threshold, overrides=tuple(args.threshold))
     comparison = compare_runs(run, baseline, history.records, selection, thresholds)
     warnings = [f"history file left out: {line}" for line in history.skipped]
-    if kinds_differ:
+    if baseline is not None and kinds_differ:
         warnings.append(f"a {run.kind} run compared with a {baseline.kind} baseline (--force)")
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)

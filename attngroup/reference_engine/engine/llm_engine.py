@@ -153,7 +153,8 @@ class LLMEngine:
             return []
         target = self.runner.execute_target(output.batch)
         started = time.perf_counter()
-        finished, sampled = [], []
+        finished: list[Request] = []
+        sampled: list[Request] = []
         for item, logits in zip(output.scheduled, target.logits, strict=True):
             emitted = self._emit(item, logits)
             if item.num_draft_tokens:

@@ -135,7 +135,7 @@ def outcome_trend(runs: Sequence[RunRecord]) -> OutcomeTrend | None:
     bars = []
     for x, (run, passed, failed, other) in zip(xs, tallies, strict=True):
         segments = []
-        bottom = HEIGHT - BOTTOM
+        bottom = float(HEIGHT - BOTTOM)
         for count, kind, meaning in (
             (passed, "passed", "passed"),
             (failed, "failed", "failed or errored"),

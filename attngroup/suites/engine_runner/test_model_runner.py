@@ -240,7 +240,7 @@ def test_forward_timings_include_the_wait_for_the_device(runners, monkeypatch) -
     ids=["cpu-no-op", "cuda-synchronizes"],
 )
 def test_wait_for_device_synchronizes_cuda_only(monkeypatch, device, synchronized) -> None:
-    calls = []
+    calls: list[torch.device] = []
     monkeypatch.setattr(torch.cuda, "synchronize", calls.append)
     model_runner._wait_for_device(torch.device(device))
     assert calls == synchronized

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -18,24 +20,27 @@ pytestmark = pytest.mark.grouping
 
 
 def full(**overrides) -> FullAttentionSpec:
-    fields = dict(block_size=16, num_kv_heads=1, head_size=256, dtype=torch.bfloat16)
+    fields: dict[str, Any] = dict(
+        block_size=16, num_kv_heads=1, head_size=256, dtype=torch.bfloat16
+    )
     return FullAttentionSpec(**(fields | overrides))
 
 
 def sliding(**overrides) -> SlidingWindowSpec:
-    fields = dict(
+    fields: dict[str, Any] = dict(
         block_size=16, num_kv_heads=1, head_size=256, dtype=torch.bfloat16, sliding_window=512
     )
     return SlidingWindowSpec(**(fields | overrides))
 
 
-SPEC_MAKERS = {
-    "full": full,
-    "sliding": sliding,
-    "mamba": lambda **o: MambaSpec(
-        **(dict(block_size=16, shapes=((8, 3), (4, 16, 16)), dtypes=(torch.float32,) * 2) | o)
-    ),
-}
+def mamba(**overrides) -> MambaSpec:
+    fields: dict[str, Any] = dict(
+        block_size=16, shapes=((8, 3), (4, 16, 16)), dtypes=(torch.float32,) * 2
+    )
+    return MambaSpec(**(fields | overrides))
+
+
+SPEC_MAKERS = {"full": full, "sliding": sliding, "mamba": mamba}
 
 
 @pytest.mark.parametrize("kind", SPEC_MAKERS)

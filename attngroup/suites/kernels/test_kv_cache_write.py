@@ -26,7 +26,7 @@ def _poisoned_cache(
     num_kv_heads: int,
     head_size: int,
     dtype: torch.dtype,
-    device: str,
+    device: torch.device,
 ) -> torch.Tensor:
     cache = torch.empty(num_blocks, block_size, num_kv_heads, head_size, dtype=dtype, device=device)
     cache.view(torch.uint8).fill_(POISON_BYTE)

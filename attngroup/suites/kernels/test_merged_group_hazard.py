@@ -118,11 +118,11 @@ def classify(
         assert "heads" in message, f"refusal does not name the head counts: {message}"
         assert output.isnan().all(), "the refused launch wrote part of the output"
         return HazardOutcome("refused", f"{type(error).__name__}: {message}")
-    error = relative_error(output, expected)
+    relative = relative_error(output, expected)
     bound = RELATIVE_ERROR_BOUND[output.dtype]
-    if not error < bound:  # NaN (unwritten rows) counts as wrong
-        return HazardOutcome("wrong_rows", f"relative error {error:.3g} >= {bound:g}", error)
-    return HazardOutcome("correct", f"relative error {error:.3g} < {bound:g}", error)
+    if not relative < bound:  # NaN (unwritten rows) counts as wrong
+        return HazardOutcome("wrong_rows", f"relative error {relative:.3g} >= {bound:g}", relative)
+    return HazardOutcome("correct", f"relative error {relative:.3g} < {bound:g}", relative)
 
 
 @pytest.fixture

@@ -103,7 +103,7 @@ def _rotated_cases(
     Window, block size and soft cap rotate with the count ``turn`` of the combo's batch kind
     so far: window ``turn % 3`` and block size ``(turn + turn // 3) % 3`` form a Latin square
     over 9 turns, the cap flips every 3, so each kind meets every value and pair."""
-    cases = []
+    cases: list[Case] = []
     seen_kind: Counter[str] = Counter()
     for (num_heads_q, num_kv_heads), head_size, kind, dtype in combos:
         turn = seen_kind[kind]
