@@ -20,7 +20,6 @@ from itertools import product
 import pytest
 import torch
 
-from attngroup.kernels.attention_oracle import paged_attention_reference
 from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
@@ -31,12 +30,11 @@ from attngroup.kernels.ops.triton_unified_attention import unified_attention
 from attngroup.suites.kernels.batches import (
     BATCHES_CPU,
     BATCHES_GPU,
-    RELATIVE_ERROR_BOUND,
     SPLIT_KV_KINDS,
     PagedBatch,
+    assert_within_bound,
     gpu_only,
     make_paged_batch,
-    relative_error,
 )
 
 pytestmark = pytest.mark.kernels
@@ -164,14 +162,8 @@ def _param(case: Case):
 
 
 def _reference(batch: PagedBatch, case: Case) -> torch.Tensor:
-    expected = paged_attention_reference(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        **batch.metadata(),
-        sm_scale=case.sm_scale,
-        sliding_window=case.sliding_window,
-        logits_soft_cap=case.soft_cap,
+    expected = batch.oracle(
+        sm_scale=case.sm_scale, sliding_window=case.sliding_window, logits_soft_cap=case.soft_cap
     )
     assert expected.isfinite().all(), "the oracle itself read a poisoned slot"
     return expected
@@ -216,8 +208,7 @@ def _run(
 def test_unified_attention_matches_oracle(case: Case, device: torch.device) -> None:
     batch = case.batch(device)
     output = _run(batch, case, case.path)
-    error = relative_error(output, _reference(batch, case))
-    assert error < RELATIVE_ERROR_BOUND[case.dtype], f"relative error {error:.3g}"
+    assert_within_bound(output, _reference(batch, case), case.dtype)
 
 
 def _split_kv_param(
@@ -262,8 +253,7 @@ def test_split_kv_matches_2d(case: Case, num_segments: int, device: torch.device
     )
     output_2d = _run(batch, case, "2d", replace(heuristic, tile_size=16))
     output_3d = _run(batch, case, "3d", replace(heuristic, tile_size=16, num_segments=num_segments))
-    error = relative_error(output_3d, output_2d)
-    assert error < RELATIVE_ERROR_BOUND[case.dtype], f"3D vs 2D relative error {error:.3g}"
+    assert_within_bound(output_3d, output_2d, case.dtype, "3D vs 2D relative error")
 
 
 def _variant_param(
@@ -314,5 +304,4 @@ def test_launch_variants_match_oracle(case: Case, variant: dict, device: torch.d
     )
     config = replace(heuristic, num_segments=None, **variant)
     output = _run(batch, case, case.path, config)
-    error = relative_error(output, _reference(batch, case))
-    assert error < RELATIVE_ERROR_BOUND[case.dtype], f"relative error {error:.3g}"
+    assert_within_bound(output, _reference(batch, case), case.dtype)
