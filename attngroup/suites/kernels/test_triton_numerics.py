@@ -237,20 +237,25 @@ SPLIT_KV_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("case", "num_segments"), SPLIT_KV_CASES)
-def test_split_kv_matches_2d(case: Case, num_segments: int, device: torch.device) -> None:
-    """3D with a forced segment count (16-key tiles, so segments split real work, and with
-    16 segments some are empty) equals 2D with the same tiles."""
-    batch = case.batch(device)
-    heuristic = choose_launch_config(
+def _heuristic(case: Case, batch: PagedBatch, path: str) -> LaunchConfig:
+    """The launcher's heuristic launch configuration for this case's batch on ``path``."""
+    return choose_launch_config(
         num_heads_q=case.num_heads_q,
         num_kv_heads=case.num_kv_heads,
         head_size=case.head_size,
         num_seqs=batch.spec.num_reqs,
         max_query_len=batch.spec.max_query_len,
         max_seq_len=batch.spec.max_seq_len,
-        path="3d",
+        path=path,
     )
+
+
+@pytest.mark.parametrize(("case", "num_segments"), SPLIT_KV_CASES)
+def test_split_kv_matches_2d(case: Case, num_segments: int, device: torch.device) -> None:
+    """3D with a forced segment count (16-key tiles, so segments split real work, and with
+    16 segments some are empty) equals 2D with the same tiles."""
+    batch = case.batch(device)
+    heuristic = _heuristic(case, batch, "3d")
     output_2d = _run(batch, case, "2d", replace(heuristic, tile_size=16))
     output_3d = _run(batch, case, "3d", replace(heuristic, tile_size=16, num_segments=num_segments))
     assert_within_bound(output_3d, output_2d, case.dtype, "3D vs 2D relative error")
@@ -293,15 +298,7 @@ def test_launch_variants_match_oracle(case: Case, variant: dict, device: torch.d
     """The value split (programs owning a slice of V's columns) and the block-table prefetch
     compute the same attention as the oracle, segments fitted to waves as the launcher does."""
     batch = case.batch(device)
-    heuristic = choose_launch_config(
-        num_heads_q=case.num_heads_q,
-        num_kv_heads=case.num_kv_heads,
-        head_size=case.head_size,
-        num_seqs=batch.spec.num_reqs,
-        max_query_len=batch.spec.max_query_len,
-        max_seq_len=batch.spec.max_seq_len,
-        path=case.path,
-    )
+    heuristic = _heuristic(case, batch, case.path)
     config = replace(heuristic, num_segments=None, **variant)
     output = _run(batch, case, case.path, config)
     assert_within_bound(output, _reference(batch, case), case.dtype)
