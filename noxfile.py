@@ -111,10 +111,8 @@ def dev(session: nox.Session) -> None:
     session.log("ready: source .venv/bin/activate")
 
 
-@nox.session
-def tests(session: nox.Session) -> None:
-    """The project's whole test suite on the CPU (suites and harness tests)."""
-    _install_project(session)
+def _run_quick_suite(session: nox.Session) -> None:
+    """The CPU suite without the slow cases, two workers, no GPU visible."""
     session.run(
         "python",
         "-m",
@@ -126,6 +124,13 @@ def tests(session: nox.Session) -> None:
         *session.posargs,
         env={"CUDA_VISIBLE_DEVICES": ""},
     )
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The project's whole test suite on the CPU (suites and harness tests)."""
+    _install_project(session)
+    _run_quick_suite(session)
 
 
 @nox.session(default=False)
@@ -136,17 +141,7 @@ def tests_latest(session: nox.Session) -> None:
     first, so an upstream break is one named failing job, never every submission failing."""
     session.install("--upgrade", "--upgrade-strategy", "eager", _pinned("torch"), "-e", ".[test]")
     session.run("python", "-m", "pip", "freeze", "--exclude-editable")
-    session.run(
-        "python",
-        "-m",
-        "pytest",
-        "-n",
-        "2",
-        "-m",
-        "not slow",
-        *session.posargs,
-        env={"CUDA_VISIBLE_DEVICES": ""},
-    )
+    _run_quick_suite(session)
 
 
 @nox.session(default=False)

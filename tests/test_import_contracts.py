@@ -79,6 +79,12 @@ def tree_copy(tmp_path: Path) -> Path:
             id="reports-imports-kernels",
         ),
         pytest.param(
+            "attngroup/atomic_write.py",
+            "import attngroup.ci.errors",
+            "atomic writer is a leaf",
+            id="atomic-writer-imports-ci",
+        ),
+        pytest.param(
             "attngroup/ci/selection/select_steps.py",
             "import attngroup.ci.deps.checker",
             "CI layers",

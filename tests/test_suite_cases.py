@@ -6,7 +6,6 @@ the run-record plugin (every test deselected, so nothing runs), then the matrix 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from attngroup.reports.compare import compare_runs
 from attngroup.reports.record import RunRecord, load_record
 from attngroup.reports.render.matrix import NO_PAIR, OutcomeMatrix, build_matrix
 from attngroup.suites.cases import CaseArgumentError, case_of
+from tests.pytest_subprocess import PYTEST
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SUITE_FILES = (
@@ -38,18 +38,7 @@ NOT_PAIRS = ("large-then-small", "small-then-large", "padding-reset-after-fuller
 def suite_record(tmp_path_factory: pytest.TempPathFactory) -> RunRecord:
     path = tmp_path_factory.mktemp("cases") / "run.json"
     completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            *SUITE_FILES,
-            *DESELECT_ALL,
-            "--run-record",
-            str(path),
-        ],
+        [*PYTEST, "-q", *SUITE_FILES, *DESELECT_ALL, "--run-record", str(path)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -26,6 +26,8 @@ from xml.etree import ElementTree
 
 import yaml
 
+from attngroup import atomic_write
+
 ENTRY_FIELDS = ("id", "bug", "source", "affected", "kind", "patch", "tests")
 KINDS = ("historical", "mutation")
 STOPPED_ON_FAILURE = (1, 2)  # tests failed; interrupted by --maxfail under xdist
@@ -246,6 +248,4 @@ def write_results(path: Path, outcomes: Sequence[Outcome], baseline: Outcome, lo
         "baseline": asdict(baseline),
         "entries": [asdict(outcome) for outcome in outcomes],
     }
-    temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    temporary.replace(path)
+    atomic_write.write_text(path, json.dumps(document, indent=2) + "\n")

@@ -1,19 +1,15 @@
-"""The one way ``ci`` writes a file: all of it or nothing, with the mode a normal write gives.
+"""How ``ci`` writes a file: refused up front when impossible, then through the project's writer.
 
-A temporary file in the target's directory is written, flushed to disk and renamed over the
-target, so a reader never sees half a file and a failure leaves the old file (or none). The
-temporary file is created with mode 0o666 less the umask, as ``open(path, "w")`` would create
-it; a file being replaced keeps its own mode. ``attngroup/reports/`` has its own helper (the packages
-stand apart and share no imports).
+The writing itself (all or nothing, the mode ``open()`` gives) is ``attngroup.atomic_write``'s;
+this module adds ``ci``'s policy: no folders are created, and an ``OSError`` becomes a
+``CIInputError`` (exit 2) with a plain message.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import stat
 from pathlib import Path
 
+from attngroup import atomic_write
 from attngroup.ci.errors import CIInputError
 
 
@@ -32,24 +28,6 @@ def write_atomically(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically."""
     check_writable_target(path)
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        mode = None
-    temporary = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    try:
-        handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        atomic_write.write_text(path, text)
     except OSError as error:
         raise CIInputError(f"cannot write {path}: {error.strerror}") from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-            if mode is not None:
-                os.fchmod(stream.fileno(), mode)
-        os.replace(temporary, path)
-    except BaseException as error:
-        temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise CIInputError(f"cannot write {path}: {error.strerror}") from None
-        raise

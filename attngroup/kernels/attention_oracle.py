@@ -38,7 +38,8 @@ def paged_attention_reference(
 
     Returns [num_tokens, num_heads_q, head_size] in ``compute_dtype``.
     """
-    _check_inputs(query, key_cache, value_cache, query_start_loc, seq_lens, block_table)
+    check_query_against_cache(query, key_cache, value_cache)
+    _check_step(query.shape[0], key_cache.shape[1], query_start_loc, seq_lens, block_table)
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be >= 1 or None; got {sliding_window}")
     if logits_soft_cap is not None and logits_soft_cap <= 0:
@@ -76,16 +77,14 @@ def paged_attention_reference(
     return output
 
 
-def _check_inputs(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
+def _check_step(
+    num_tokens: int,
+    block_size: int,
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
 ) -> None:
-    """Reject batches the kernels would misread, with a message that names the problem."""
-    check_query_against_cache(query, key_cache, value_cache)
+    """Reject a step whose per-request tensors disagree, with a message that names the problem."""
     num_reqs = seq_lens.shape[0]
     if query_start_loc.shape != (num_reqs + 1,) or block_table.shape[0] != num_reqs:
         raise ValueError(
@@ -94,9 +93,9 @@ def _check_inputs(
             f"{tuple(block_table.shape)}"
         )
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
-    if int(query_start_loc[0]) != 0 or int(query_start_loc[-1]) != query.shape[0]:
+    if int(query_start_loc[0]) != 0 or int(query_start_loc[-1]) != num_tokens:
         raise ValueError(
-            f"query_start_loc must run from 0 to num_tokens {query.shape[0]}; "
+            f"query_start_loc must run from 0 to num_tokens {num_tokens}; "
             f"got {query_start_loc.tolist()}"
         )
     if bool((query_lens < 0).any()) or bool((query_lens > seq_lens).any()):
@@ -104,9 +103,9 @@ def _check_inputs(
             f"every query length must lie in [0, seq_len]; query lengths {query_lens.tolist()}, "
             f"seq_lens {seq_lens.tolist()}"
         )
-    capacity = block_table.shape[1] * key_cache.shape[1]
+    capacity = block_table.shape[1] * block_size
     if num_reqs and int(seq_lens.max()) > capacity:
         raise ValueError(
             f"a sequence of {int(seq_lens.max())} tokens does not fit a block table of "
-            f"{block_table.shape[1]} blocks of {key_cache.shape[1]}"
+            f"{block_table.shape[1]} blocks of {block_size}"
         )

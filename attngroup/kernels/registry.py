@@ -10,8 +10,6 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names below load without torch, for the command lines
-    import torch
-
     from attngroup.kernels.backend import AttentionBackend
 
 BACKEND_PATHS: dict[str, str] = {
@@ -58,8 +56,3 @@ def get_backend(name: str) -> type[AttentionBackend]:
         raise UnknownBackendError(name) from None
     module_name, _, class_name = path.rpartition(".")
     return getattr(importlib.import_module(module_name), class_name)
-
-
-def available_backends(device: torch.device | str) -> list[str]:
-    """Names of the backends that can run on ``device``."""
-    return [name for name in BACKEND_PATHS if get_backend(name).is_available(device)]

@@ -1,15 +1,17 @@
-"""Atomic file writes: a reader never sees a half-written record or report.
+"""Output files of the reports side: a reader never sees a half-written record or report.
 
-Every writer of the reports side goes through ``write_text_atomic``, which creates missing
-folders unless told not to; commands call ``check_output_path`` first, so a bad output
-path (for ``reports build``, a missing folder too) is refused before any work starts.
+Every writer of the reports side goes through ``write_text_atomic`` (the project's
+``attngroup.atomic_write`` underneath), which creates missing folders unless told not to;
+commands call ``check_output_path`` first, so a bad output path (for ``reports build``, a
+missing folder too) is refused before any work starts.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
+
+from attngroup import atomic_write
 
 
 class OutputPathError(OSError):
@@ -37,42 +39,20 @@ def check_output_path(path: str | os.PathLike[str], *, create_parents: bool = Fa
     return target
 
 
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
 def write_text_atomic(
     path: str | os.PathLike[str], text: str, *, create_parents: bool = True
 ) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``.
+    """Write ``text`` to ``path`` with the project's writer (``attngroup.atomic_write``).
 
-    The previous file, if any, stays intact until the new content is complete on disk
-    (fsync), so an interrupted or failed write never replaces a good file with a broken
-    one; the temporary file is removed on any error. The file gets the mode a plain
-    ``open()`` would give it (0666 less the umask).
+    The previous file, if any, stays intact until the new content is complete on disk, and
+    no temporary file is left on any error; the mode is the one ``open()`` gives. This adds
+    the reports side's policy: the path checked first, missing folders created unless
+    ``create_parents`` is false, and an ``OSError`` as a plain ``OutputPathError``.
     """
     target = check_output_path(path, create_parents=create_parents)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temp_name = tempfile.mkstemp(
-            prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
-        )
+        atomic_write.write_text(target, text)
     except OSError as error:
         raise OutputPathError(f"cannot write {str(target)!r}: {error.strerror or error}") from None
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp_name, 0o666 & ~_umask())  # mkstemp creates 0600
-        os.replace(temp_name, target)
-    except BaseException as error:
-        Path(temp_name).unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise OutputPathError(
-                f"cannot write {str(target)!r}: {error.strerror or error}"
-            ) from None
-        raise
     return target

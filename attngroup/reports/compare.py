@@ -298,8 +298,11 @@ def _compare_metric(
         "baseline_samples": before.samples if before else (),
         "current_samples": now.samples if now else (),
     }
-    if before is None or now is None:
-        verdict = ("new" if has_baseline else "no baseline") if before is None else "removed"
+    if before is None or now is None or common["baseline"] == 0:
+        if before is None:
+            verdict = "new" if has_baseline else "no baseline"
+        else:
+            verdict = "removed" if now is None else "not comparable"
         return MetricChange(
             **common,
             change=None,
@@ -308,16 +311,6 @@ def _compare_metric(
             interval=None,
             method="",
             verdict=verdict,
-        )
-    if common["baseline"] == 0:
-        return MetricChange(
-            **common,
-            change=None,
-            significant=None,
-            p_value=None,
-            interval=None,
-            method="",
-            verdict="not comparable",
         )
     change = (common["current"] - common["baseline"]) / abs(common["baseline"])
     significant, p_value, interval, method = _significance(before.samples, now.samples)

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from attngroup import atomic_write
 from attngroup.reference_engine.pairs.pair_options import PAIRS_ENV, pairs_file_from_env
 from attngroup.reference_engine.pairs.pairs_file import PairsFileError, register_pairs_file
 
@@ -288,10 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = function(context, **kwargs)  # a failure leaves the group to the launcher's kill
     dist.destroy_process_group()
-    path = args.work_dir / f"rank{context.rank}.pt"
-    temporary = path.with_suffix(".tmp")
-    torch.save(result, temporary)
-    os.replace(temporary, path)
+    atomic_write.write_with(
+        args.work_dir / f"rank{context.rank}.pt", lambda temporary: torch.save(result, temporary)
+    )
     return 0
 
 

@@ -74,19 +74,15 @@ def recorded(tmp_path: Path) -> tuple[Path, Path]:
     """The tree committed, and coverage data of all its tests recorded with per-test contexts."""
     repo = init_repo(tmp_path / "repo", TREE)
     data = tmp_path / "coverage-data"
+    _record_coverage(repo, data, "--cov-context=test")
+    return repo, data
+
+
+def _record_coverage(repo: Path, data: Path, *options: str) -> None:
+    """The tree's tests under pytest-cov (``options`` added), their data in ``data``."""
+    run_pytest = [sys.executable, "-m", "pytest", "-q", "-p", "pytest_cov", "--cov-report="]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "pytest_cov",
-            "--cov=engine",
-            "--cov-context=test",
-            "--cov-report=",
-            "tests",
-        ],
+        [*run_pytest, "--cov=engine", *options, "tests"],
         cwd=repo,
         capture_output=True,
         text=True,
@@ -94,7 +90,6 @@ def recorded(tmp_path: Path) -> tuple[Path, Path]:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    return repo, data
 
 
 def _change_line(repo: Path, path: str, line: int) -> None:
@@ -148,23 +143,7 @@ def test_a_line_every_target_test_runs_names_that_step_with_both_parametrization
 def test_coverage_without_test_contexts_is_refused_with_the_recording_command(recorded, tmp_path):
     repo, _ = recorded
     plain = tmp_path / "plain-data"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "pytest_cov",
-            "--cov=engine",
-            "--cov-report=",
-            "tests",
-        ],
-        cwd=repo,
-        capture_output=True,
-        env={**os.environ, "COVERAGE_FILE": str(plain), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-        check=True,
-    )
+    _record_coverage(repo, plain)
     _change_line(repo, "engine/grouping.py", DRAFT_LINE)
     result = run_cli(
         "check-deps", "--repo", str(repo), "--base", "HEAD~1", "--coverage", str(plain)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from attngroup.reports.compare import TEST_LISTS, Comparison, ThresholdPolicy, compare_runs
 from attngroup.reports.selection import selection_from_json
 from tests.reports.records import make_metric, make_run, make_test, noisy_samples
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GROUPING = "attngroup/suites/grouping/test_groups.py::test_groups[gemma4-e2b-mtp-triton-fp32-tp1]"
 SPEC = "attngroup/suites/spec_decode/test_spec.py::test_greedy[gemma4-e2b-mtp-triton-fp32-tp1]"
@@ -233,16 +238,9 @@ def test_comparison_json_has_the_documented_keys():
     baseline = make_run(make_test(GROUPING), metrics=(make_metric(value=1.0),), run_id="b")
     current = make_run(make_test(GROUPING, "failed"), metrics=(make_metric(value=1.3),))
     document = compare_runs(current, baseline).to_json()
-    for key in (
-        "new_failures",
-        "fixed",
-        "still_failing",
-        "new_tests",
-        "removed_tests",
-        "flaky",
-        "not_selected",
-        "metric_regressions",
-    ):
+    schema = json.loads((ROOT / "schemas" / "reports-comparison.schema.json").read_text())
+    assert set(document) == set(schema["required"])
+    for key in (*TEST_LISTS, "metric_regressions", "metric_improvements", "warnings"):
         assert isinstance(document[key], list), key
     assert document["new_failures"][0]["nodeid"] == GROUPING
     [regression] = document["metric_regressions"]

@@ -18,6 +18,7 @@ import pytest
 from attngroup.reports.pytest_plugin import METRIC_PROPERTY, _TestProgress
 from attngroup.reports.record import RunRecord, load_record
 from tests.json_schemas import assert_file_matches_schema
+from tests.pytest_subprocess import PYTEST
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = (
@@ -152,12 +153,8 @@ def sample_run(tmp_path_factory) -> tuple[RunRecord, Path]:
     environment.update(BUILDKITE_COMMIT="f" * 40, BUILDKITE_BRANCH="fix/grouping")
     completed = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pytest",
+            *PYTEST,
             *PLUGIN,
-            "-p",
-            "no:cacheprovider",
             "--run-record",
             "out/run.json",
             "--junitxml",

@@ -15,11 +15,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from attngroup import atomic_write
 
 FACTS_VERSION = 2  # 2: imports carry whether they run inside a function
 PARALLEL_THRESHOLD = 128  # fewer misses than this parse faster in-process
@@ -109,10 +110,9 @@ def _read_cache(cache_file: Path) -> dict[str, Any]:
 def _write_cache(cache_file: Path, entries: dict[str, Any]) -> None:
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump({"version": FACTS_VERSION, "entries": entries}, stream)
-        os.replace(temporary, cache_file)
+        atomic_write.write_text(
+            cache_file, json.dumps({"version": FACTS_VERSION, "entries": entries})
+        )
     except OSError:
         pass  # a cache that cannot be written only costs the next run its speed
 

@@ -26,7 +26,6 @@ Importing this module needs neither CUDA nor FlashInfer; the builder does.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -446,11 +445,7 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def is_available(cls, device: torch.device | str) -> bool:
-        """Needs a CUDA device and the flashinfer-python package (looked up, not imported);
-        on the CPU only the suites' stand-in (``attngroup/suites/kernels/flashinfer_standin.py``,
-        installed as ``flashinfer`` by a test fixture) serves."""
-        if torch.device(device).type == "cpu":
-            return getattr(sys.modules.get("flashinfer"), "CPU_TEST_STANDIN", False) is True
+        """Needs a CUDA device and the flashinfer-python package (looked up, not imported)."""
         return (
             torch.device(device).type == "cuda"
             and torch.cuda.is_available()

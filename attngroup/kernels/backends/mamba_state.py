@@ -83,16 +83,7 @@ class MambaStateImpl:
     def __init__(self, layer: Any) -> None:
         self.layer = layer
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        gate: torch.Tensor,
-        state_cache: torch.Tensor,
-        metadata: MambaStateMetadata,
-    ) -> torch.Tensor:
-        return gated_linear_attention(query, key, value, gate, state_cache, metadata)
+    forward = staticmethod(gated_linear_attention)
 
 
 class MambaStateBackend(AttentionBackend):

@@ -32,7 +32,9 @@ decode and verify at 64 x 8k and 16 x 32k, 4 to 32 segments): every fastest coun
 that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20 % slower than
 one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
 for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us)."""
-Path = Literal["2d", "3d"]
+LaunchKind = Literal["2d", "3d"]
+"""The kernel launch: one program per (q-block, KV head) over the whole sequence (2D), or
+split-KV segments merged afterwards (3D); vLLM calls the choice the path."""
 TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool], dict[str, Any]] = {
     (256, False): {
         "tile_size": 32,
@@ -127,7 +129,7 @@ def choose_launch_config(
     num_seqs: int,
     max_query_len: int,
     max_seq_len: int,
-    path: Path,
+    path: LaunchKind,
     max_segments: int = DEFAULT_NUM_SEGMENTS,
     wave_slots: int = H200_WAVE_SLOTS,
 ) -> LaunchConfig:
@@ -197,7 +199,7 @@ def select_path(
     has_scratch: bool,
     path: Literal["auto", "2d", "3d"] = "auto",
     seq_threshold_3d: int | None = None,
-) -> Path:
+) -> LaunchKind:
     """2D or split-KV 3D for this batch.
 
     "auto" picks 3D when scratch is given, ``max_query_len <= MAX_3D_QUERY_LEN`` (decode and

@@ -29,7 +29,7 @@ from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     INTERPRETED,
     LaunchConfig,
-    Path,
+    LaunchKind,
     choose_launch_config,
     dot_head_size,
     next_power_of_2,
@@ -73,7 +73,7 @@ class LaunchPlan:
     the split-KV merge's (3D only), what the scratch must cover (3D only), and the kernel's
     runtime scalars."""
 
-    path: Path
+    path: LaunchKind
     config: LaunchConfig
     attention: KernelLaunch
     merge: KernelLaunch | None
@@ -221,7 +221,7 @@ def _is_constexpr(annotation: object) -> bool:
     return name.rsplit(".", 1)[-1] == "constexpr"
 
 
-def _heuristic_config(call: _Call, path: Path) -> LaunchConfig:
+def _heuristic_config(call: _Call, path: LaunchKind) -> LaunchConfig:
     return choose_launch_config(
         num_heads_q=call.num_heads_q,
         num_kv_heads=call.num_kv_heads,
@@ -245,7 +245,7 @@ def _fill_waves(call: _Call, plan: LaunchPlan, wave_slots: int) -> LaunchConfig:
     return replace(plan.config, num_segments=segments)
 
 
-def _assemble(call: _Call, path: Path, config: LaunchConfig) -> LaunchPlan:
+def _assemble(call: _Call, path: LaunchKind, config: LaunchConfig) -> LaunchPlan:
     if config.block_m < call.group_size:
         raise ValueError(f"block_m {config.block_m} is below the group size {call.group_size}")
     value_width = dot_head_size(call.head_size) // config.value_splits

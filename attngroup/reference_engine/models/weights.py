@@ -17,8 +17,6 @@ forgets one of them cannot agree with transformers by accident.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, Gemma4AssistantConfig, Gemma4AssistantForCausalLM
 
+from attngroup import atomic_write
 from attngroup.reference_engine.model_pairs import ModelPair, SpecMethod
 
 TARGET_FILE = "target.safetensors"
@@ -128,16 +127,9 @@ def _state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
 def _save_atomically(
     tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]
 ) -> None:
-    descriptor, temp_name = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+    atomic_write.write_with(
+        path, lambda temporary: save_file(tensors, str(temporary), metadata=metadata)
     )
-    os.close(descriptor)
-    try:
-        save_file(tensors, temp_name, metadata=metadata)
-        os.replace(temp_name, path)
-    except BaseException:
-        Path(temp_name).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)

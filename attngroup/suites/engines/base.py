@@ -58,6 +58,17 @@ class GroupingOutcome:
     runner: str | None = None  # the engine's code path that grouped (vLLM: v1 or v2)
 
 
+@dataclass(frozen=True)
+class StartupRequest:
+    """One grouping start-up the suites ask of an engine (``EngineAdapter.setup``'s arguments)."""
+
+    layers: tuple[LayerDescription, ...]
+    policy: str
+    block_size: int = 16
+    dtype: torch.dtype = torch.float32
+    pair: ModelPair | None = None  # the model the layers come from; None for made-up layers
+
+
 class EngineAdapter(ABC):
     """An implementation under test."""
 
@@ -91,7 +102,6 @@ class EngineAdapter(ABC):
         """The engine's KV-cache groups for ``specs``; KV-sharing layers
         (keys of ``kv_sharing``, which have no spec) join their target's group."""
 
-    @abstractmethod
     def setup(
         self,
         layers: Sequence[LayerDescription],
@@ -106,6 +116,11 @@ class EngineAdapter(ABC):
         made-up layer set): an engine may choose its runner by the model.
         The engine's start-up errors are captured in the outcome, never
         raised; the adapter's own failures raise ``AdapterError``."""
+        return self.start_up(StartupRequest(tuple(layers), policy, block_size, dtype, pair))
+
+    @abstractmethod
+    def start_up(self, request: StartupRequest) -> GroupingOutcome:
+        """``setup``'s work in the engine's own code, for one request."""
 
 
 def format_error(error: BaseException) -> str:

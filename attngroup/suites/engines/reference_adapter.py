@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 
 import pytest
-import torch
 
 from attngroup.reference_engine.attention_groups import GroupingPolicy
 from attngroup.reference_engine.grouping_plan import plan_grouping
 from attngroup.reference_engine.kv_cache_groups import get_kv_cache_groups
 from attngroup.reference_engine.kv_cache_spec import KVCacheGroupSpec, KVCacheSpec
-from attngroup.reference_engine.layers import LayerDescription
-from attngroup.reference_engine.model_pairs import ModelPair
-from attngroup.suites.engines.base import AttentionGroupView, EngineAdapter, GroupingOutcome
+from attngroup.suites.engines.base import (
+    AttentionGroupView,
+    EngineAdapter,
+    GroupingOutcome,
+    StartupRequest,
+)
 
 
 class ReferenceEngineAdapter(EngineAdapter):
@@ -39,15 +41,8 @@ class ReferenceEngineAdapter(EngineAdapter):
     ) -> list[KVCacheGroupSpec]:
         return get_kv_cache_groups(specs, kv_sharing)
 
-    def setup(
-        self,
-        layers: Sequence[LayerDescription],
-        policy: str,
-        block_size: int = 16,
-        dtype: torch.dtype = torch.float32,
-        pair: ModelPair | None = None,
-    ) -> GroupingOutcome:
-        plan = plan_grouping(layers, policy, block_size, dtype)
+    def start_up(self, request: StartupRequest) -> GroupingOutcome:
+        plan = plan_grouping(request.layers, request.policy, request.block_size, request.dtype)
         views = tuple(
             tuple(
                 AttentionGroupView(

@@ -38,6 +38,7 @@ from attngroup.suites.engines.base import (
     AttentionGroupView,
     EngineAdapter,
     GroupingOutcome,
+    StartupRequest,
 )
 from attngroup.suites.engines.vllm_specs import from_vllm_group, from_vllm_spec, to_vllm_spec
 from attngroup.suites.engines.vllm_standins import (
@@ -146,27 +147,24 @@ class VllmEngineAdapter(EngineAdapter):
             raise_classified(error, "KV-cache grouping")
         return [from_vllm_group(group) for group in groups]
 
-    def setup(
-        self,
-        layers: Sequence[LayerDescription],
-        policy: str,
-        block_size: int = 16,
-        dtype: torch.dtype = torch.float32,
-        pair: ModelPair | None = None,
-    ) -> GroupingOutcome:
-        if policy != NATIVE:
-            raise ValueError(f"vLLM runs only its own grouping policy {NATIVE!r}, not {policy!r}")
+    def start_up(self, request: StartupRequest) -> GroupingOutcome:
+        if request.policy != NATIVE:
+            raise ValueError(
+                f"vLLM runs only its own grouping policy {NATIVE!r}, not {request.policy!r}"
+            )
         specs = {
             layer.name: spec
-            for layer in layers
-            if (spec := layer.kv_cache_spec(block_size, dtype)) is not None
+            for layer in request.layers
+            if (spec := layer.kv_cache_spec(request.block_size, request.dtype)) is not None
         }
         padded = pad_state_pages(specs)
         try:
             vllm_specs = {name: to_vllm_spec(spec) for name, spec in padded.items()}
-            forward_context = {layer.name: _stand_in(layer, vllm_specs) for layer in layers}
+            forward_context = {layer.name: _stand_in(layer, vllm_specs) for layer in request.layers}
             vllm_config = make_vllm_config(
-                ModelWideCounts.of_target(layers), forward_context, model_identity(pair, layers)
+                ModelWideCounts.of_target(request.layers),
+                forward_context,
+                model_identity(request.pair, request.layers),
             )
             startup = self.startup
         except Exception as error:
@@ -177,8 +175,10 @@ class VllmEngineAdapter(EngineAdapter):
         except Exception as error:  # start-up failed before any attention group existed
             return GroupingOutcome((), (), engine_error_text(error, "KV-cache grouping"), runner)
         kv_cache_config = startup.kv_cache_config(groups, vllm_config)
-        draft_names = {layer.name for layer in layers if layer.is_draft}
-        uses_draft_model = pair is not None and pair.spec_method.value == "draft_model"
+        draft_names = {layer.name for layer in request.layers if layer.is_draft}
+        uses_draft_model = (
+            request.pair is not None and request.pair.spec_method.value == "draft_model"
+        )
         try:
             attn_groups, builders = startup.start_runner(
                 runner, vllm_config, kv_cache_config, draft_names if uses_draft_model else None,

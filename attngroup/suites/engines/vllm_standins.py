@@ -231,34 +231,16 @@ def stand_in_layer_classes() -> tuple[type, type]:
     from vllm.model_executor.layers.attention import Attention
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
-    class StandInAttention(Attention):
+    class StandInAttention(_StandInLayer, Attention):
         def __init__(self, name: str, backend: type, spec: Any, layer: LayerDescription) -> None:
             nn.Module.__init__(self)
             _describe(self, name, backend, spec, layer)
 
-        def get_attn_backend(self) -> type:
-            return self.backend
-
-        def get_kv_cache_spec(self, vllm_config: Any) -> Any:
-            return self.spec
-
-        def __repr__(self) -> str:
-            return f"StandInAttention({self.layer_name})"
-
-    class StandInStateLayer(AttentionLayerBase):
+    class StandInStateLayer(_StandInLayer, AttentionLayerBase):
         def __init__(
             self, name: str, backend: type, spec: Any, layer: LayerDescription | None
         ) -> None:
             _describe(self, name, backend, spec, layer)
-
-        def get_attn_backend(self) -> type:
-            return self.backend
-
-        def get_kv_cache_spec(self, vllm_config: Any) -> Any:
-            return self.spec
-
-        def __repr__(self) -> str:
-            return f"StandInStateLayer({self.layer_name})"
 
     return StandInAttention, StandInStateLayer
 
@@ -274,6 +256,23 @@ def spec_only_layer(name: str, spec: Any) -> Any:
     layout step reads of it is its backend."""
     backend = state_backend(spec) if hasattr(spec, "mamba_type") else attention_backend(TRITON)
     return stand_in_layer_classes()[1](name, backend, spec, None)
+
+
+class _StandInLayer:
+    """What both stand-in layers answer vLLM: the backend and spec they were described with."""
+
+    layer_name: str
+    backend: type
+    spec: Any
+
+    def get_attn_backend(self) -> type:
+        return self.backend
+
+    def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+        return self.spec
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.layer_name})"
 
 
 def _describe(

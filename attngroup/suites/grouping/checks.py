@@ -10,7 +10,7 @@ them: an engine that loses a layer's head count cannot hide it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from attngroup.reference_engine.layers import LayerDescription
 from attngroup.suites.engines.base import AttentionGroupView, GroupingOutcome
@@ -157,4 +157,26 @@ def expected_mixed_heads_error(
         if len(heads) > 1:
             # vLLM prints the set it built in layer order; so do we.
             return f"{MIXED_HEADS_PREFIX}{heads} for {[layer.name for layer in attention]}."
+    return None
+
+
+Check = Callable[[GroupingOutcome, Sequence[LayerDescription]], list[str]]
+
+#: The checks by name, in the order a reader wants the first failure.
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("start-up", lambda outcome, layers: check_started(outcome)),
+    ("partition", check_partition),
+    ("homogeneity", check_homogeneity),
+    ("minimality", lambda outcome, layers: check_minimality(outcome)),
+    ("builder heads", check_builder_heads),
+    ("kv sharing", check_kv_sharing),
+)
+
+
+def first_violation(outcome: GroupingOutcome, layers: Sequence[LayerDescription]) -> dict | None:
+    """None when every check passes, else the first failing check's name and first message."""
+    for name, check in CHECKS:
+        problems = check(outcome, layers)
+        if problems:
+            return {"check": name, "message": problems[0]}
     return None

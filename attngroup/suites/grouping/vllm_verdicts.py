@@ -22,10 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from attngroup.reference_engine.layers import LayerDescription
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS, ModelPair
 from attngroup.reports.atomic import write_text_atomic
-from attngroup.suites.engines.base import AdapterError, GroupingOutcome
+from attngroup.suites.engines.base import AdapterError
 from attngroup.suites.engines.vllm_adapter import (
     NATIVE,
     RUNNER_CHOICES,
@@ -34,40 +33,14 @@ from attngroup.suites.engines.vllm_adapter import (
     requested_runner,
 )
 from attngroup.suites.engines.vllm_startup import RunnerUnavailableError
-from attngroup.suites.grouping.checks import (
-    check_builder_heads,
-    check_homogeneity,
-    check_kv_sharing,
-    check_minimality,
-    check_partition,
-    check_started,
-)
+from attngroup.suites.grouping.checks import first_violation
 
-Check = Callable[[GroupingOutcome, Sequence[LayerDescription]], list[str]]
 SiteFinder = Callable[[str], dict[str, str]]
 
-#: The suite's checks in the order a reader wants the first failure.
-CHECKS: tuple[tuple[str, Check], ...] = (
-    ("start-up", lambda outcome, layers: check_started(outcome)),
-    ("partition", check_partition),
-    ("homogeneity", check_homogeneity),
-    ("minimality", lambda outcome, layers: check_minimality(outcome)),
-    ("builder heads", check_builder_heads),
-    ("kv sharing", check_kv_sharing),
-)
 PASS, FAIL, ADAPTER_ERROR, UNAVAILABLE = "pass", "fail", "adapter error", "unavailable"
 VERDICTS = (PASS, FAIL, ADAPTER_ERROR, UNAVAILABLE)
 ADAPTER_ERROR_EXIT = 3
 _CITED = re.compile(r"\((vllm/[^()]+\.py:\d+)\)\s*$")
-
-
-def verdict(outcome: GroupingOutcome, layers: Sequence[LayerDescription]) -> dict | None:
-    """None when every check passes, else the first failing check and message."""
-    for name, check in CHECKS:
-        problems = check(outcome, layers)
-        if problems:
-            return {"check": name, "message": problems[0]}
-    return None
 
 
 def cited_site(message: str) -> str | None:
@@ -94,7 +67,7 @@ def judge_pair(adapter: VllmEngineAdapter, pair: ModelPair, sites: SiteFinder) -
                 "frames": list(error.frames),
             }
         runner = outcome.runner or runner
-        failure = verdict(outcome, layers)
+        failure = first_violation(outcome, layers)
         if failure is not None:
             source = cited_site(failure["message"]) or sites(runner).get(failure["check"])
             return {"verdict": FAIL, "runner": runner, "tp": tp, **failure, "source": source}

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from attngroup.kernels.attention_oracle import paged_attention_reference
+
 NULL_BLOCK = 0
 
 gpu_only = pytest.mark.skipif(
@@ -94,6 +96,24 @@ class PagedBatch:
             "block_table": self.block_table,
         }
 
+    def oracle(
+        self,
+        *,
+        sm_scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> torch.Tensor:
+        """The float64 oracle's attention over this batch."""
+        return paged_attention_reference(
+            self.query,
+            self.key_cache,
+            self.value_cache,
+            **self.metadata(),
+            sm_scale=sm_scale,
+            sliding_window=sliding_window,
+            logits_soft_cap=logits_soft_cap,
+        )
+
 
 def make_paged_batch(
     spec: BatchSpec,
@@ -170,6 +190,17 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 RELATIVE_ERROR_BOUND = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 """Bounds on ``relative_error`` against the float64 oracle, by kernel dtype."""
+
+
+def assert_within_bound(
+    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, what: str = "relative error"
+) -> None:
+    """Fail, naming the error, when ``actual`` is further from ``expected`` than ``dtype``'s
+    bound (``RELATIVE_ERROR_BOUND``)."""
+    error = relative_error(actual, expected)
+    assert error < RELATIVE_ERROR_BOUND[dtype], (
+        f"{what} {error:.3g} (bound {RELATIVE_ERROR_BOUND[dtype]:g})"
+    )
 
 
 BATCHES_CPU = {

@@ -16,8 +16,8 @@ against the oracle.
 It is installed only by the ``flashinfer_standin`` fixture
 (``attngroup/suites/kernels/conftest.py``), which puts this module into ``sys.modules`` as
 ``flashinfer`` for one test; nothing else makes it importable under that name.
-The FlashInfer backend accepts the CPU only while this module is installed
-(``CPU_TEST_STANDIN``).
+The fixture also tells the FlashInfer backend, for that test only, that the CPU serves;
+the backend itself knows nothing of this module.
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-CPU_TEST_STANDIN = True
-"""Read by ``attngroup.kernels.backends.flashinfer_attn.FlashInferBackend.is_available``."""
 
 WRAPPERS: list[_PagedWrapper] = []
 """Every wrapper made since the fixture installed the stand-in, in creation order, so a

@@ -13,7 +13,6 @@ import pytest
 import torch
 import triton
 
-from attngroup.kernels.attention_oracle import paged_attention_reference
 from attngroup.kernels.backend import AttentionLayerParams, AttentionMetadataBuilder
 from attngroup.kernels.backends.common import HeadCountMismatchError
 from attngroup.kernels.metadata import CommonAttentionMetadata
@@ -28,11 +27,10 @@ from attngroup.suites.kernels.backend_harness import (
     run_layer,
 )
 from attngroup.suites.kernels.batches import (
-    RELATIVE_ERROR_BOUND,
     BatchSpec,
     PagedBatch,
+    assert_within_bound,
     make_paged_batch,
-    relative_error,
 )
 
 pytestmark = pytest.mark.kernels
@@ -110,11 +108,7 @@ def make_builder(
 
 def oracle(case: LayerCase, batch: PagedBatch) -> torch.Tensor:
     layer = case.layer()
-    return paged_attention_reference(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        **batch.metadata(),
+    return batch.oracle(
         sm_scale=layer.sm_scale,
         sliding_window=layer.sliding_window,
         logits_soft_cap=layer.logits_soft_cap,
@@ -132,8 +126,7 @@ def test_backend_matches_oracle(backend_name, dtype, case_name: str, device: tor
     common = common_metadata(batch, BLOCK_SIZE)
     output = run_layer(backend_name, builder, case.layer(), batch, common)
     assert not output.isnan().any(), "the backend left output rows unwritten (or produced NaN)"
-    error = relative_error(output, oracle(case, batch))
-    assert error < RELATIVE_ERROR_BOUND[dtype], f"relative error {error:.2e}"
+    assert_within_bound(output, oracle(case, batch), dtype)
 
 
 @pytest.mark.parametrize(BACKEND_DTYPE, native_dtype_params())
@@ -157,8 +150,7 @@ def test_backend_leaves_padding_rows_alone(backend_name, dtype, device: torch.de
     padded_batch = PagedBatch(**{**vars(batch), "query": torch.cat([batch.query, extra])})
     output = run_layer(backend_name, builder, case.layer(), padded_batch, common)
     assert output[num_real:].isnan().all(), "padded rows were written"
-    error = relative_error(output[:num_real], oracle(case, batch))
-    assert error < RELATIVE_ERROR_BOUND[dtype], f"relative error {error:.2e}"
+    assert_within_bound(output[:num_real], oracle(case, batch), dtype)
 
 
 @pytest.mark.parametrize(BACKEND_DTYPE, native_dtype_params())

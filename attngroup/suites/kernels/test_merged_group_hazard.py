@@ -30,7 +30,6 @@ from typing import Literal
 import pytest
 import torch
 
-from attngroup.kernels.attention_oracle import paged_attention_reference
 from attngroup.kernels.backend import AttentionLayerParams
 from attngroup.kernels.backends.common import HeadCountMismatchError
 from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError
@@ -187,11 +186,7 @@ def hazard_setup(backend_name, dtype, pair, layer_type, direction, phase, device
         device=device,
         sliding_window=layer.sliding_window,
     )
-    expected = paged_attention_reference(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        **batch.metadata(),
+    expected = batch.oracle(
         sm_scale=layer.sm_scale,
         sliding_window=layer.sliding_window,
         logits_soft_cap=layer.logits_soft_cap,

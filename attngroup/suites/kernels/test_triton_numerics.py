@@ -20,7 +20,6 @@ from itertools import product
 import pytest
 import torch
 
-from attngroup.kernels.attention_oracle import paged_attention_reference
 from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
@@ -31,12 +30,11 @@ from attngroup.kernels.ops.triton_unified_attention import unified_attention
 from attngroup.suites.kernels.batches import (
     BATCHES_CPU,
     BATCHES_GPU,
-    RELATIVE_ERROR_BOUND,
     SPLIT_KV_KINDS,
     PagedBatch,
+    assert_within_bound,
     gpu_only,
     make_paged_batch,
-    relative_error,
 )
 
 pytestmark = pytest.mark.kernels
@@ -164,14 +162,8 @@ def _param(case: Case):
 
 
 def _reference(batch: PagedBatch, case: Case) -> torch.Tensor:
-    expected = paged_attention_reference(
-        batch.query,
-        batch.key_cache,
-        batch.value_cache,
-        **batch.metadata(),
-        sm_scale=case.sm_scale,
-        sliding_window=case.sliding_window,
-        logits_soft_cap=case.soft_cap,
+    expected = batch.oracle(
+        sm_scale=case.sm_scale, sliding_window=case.sliding_window, logits_soft_cap=case.soft_cap
     )
     assert expected.isfinite().all(), "the oracle itself read a poisoned slot"
     return expected
@@ -216,8 +208,7 @@ def _run(
 def test_unified_attention_matches_oracle(case: Case, device: torch.device) -> None:
     batch = case.batch(device)
     output = _run(batch, case, case.path)
-    error = relative_error(output, _reference(batch, case))
-    assert error < RELATIVE_ERROR_BOUND[case.dtype], f"relative error {error:.3g}"
+    assert_within_bound(output, _reference(batch, case), case.dtype)
 
 
 def _split_kv_param(
@@ -246,24 +237,28 @@ SPLIT_KV_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("case", "num_segments"), SPLIT_KV_CASES)
-def test_split_kv_matches_2d(case: Case, num_segments: int, device: torch.device) -> None:
-    """3D with a forced segment count (16-key tiles, so segments split real work, and with
-    16 segments some are empty) equals 2D with the same tiles."""
-    batch = case.batch(device)
-    heuristic = choose_launch_config(
+def _heuristic(case: Case, batch: PagedBatch, path: str) -> LaunchConfig:
+    """The launcher's heuristic launch configuration for this case's batch on ``path``."""
+    return choose_launch_config(
         num_heads_q=case.num_heads_q,
         num_kv_heads=case.num_kv_heads,
         head_size=case.head_size,
         num_seqs=batch.spec.num_reqs,
         max_query_len=batch.spec.max_query_len,
         max_seq_len=batch.spec.max_seq_len,
-        path="3d",
+        path=path,
     )
+
+
+@pytest.mark.parametrize(("case", "num_segments"), SPLIT_KV_CASES)
+def test_split_kv_matches_2d(case: Case, num_segments: int, device: torch.device) -> None:
+    """3D with a forced segment count (16-key tiles, so segments split real work, and with
+    16 segments some are empty) equals 2D with the same tiles."""
+    batch = case.batch(device)
+    heuristic = _heuristic(case, batch, "3d")
     output_2d = _run(batch, case, "2d", replace(heuristic, tile_size=16))
     output_3d = _run(batch, case, "3d", replace(heuristic, tile_size=16, num_segments=num_segments))
-    error = relative_error(output_3d, output_2d)
-    assert error < RELATIVE_ERROR_BOUND[case.dtype], f"3D vs 2D relative error {error:.3g}"
+    assert_within_bound(output_3d, output_2d, case.dtype, "3D vs 2D relative error")
 
 
 def _variant_param(
@@ -303,16 +298,7 @@ def test_launch_variants_match_oracle(case: Case, variant: dict, device: torch.d
     """The value split (programs owning a slice of V's columns) and the block-table prefetch
     compute the same attention as the oracle, segments fitted to waves as the launcher does."""
     batch = case.batch(device)
-    heuristic = choose_launch_config(
-        num_heads_q=case.num_heads_q,
-        num_kv_heads=case.num_kv_heads,
-        head_size=case.head_size,
-        num_seqs=batch.spec.num_reqs,
-        max_query_len=batch.spec.max_query_len,
-        max_seq_len=batch.spec.max_seq_len,
-        path=case.path,
-    )
+    heuristic = _heuristic(case, batch, case.path)
     config = replace(heuristic, num_segments=None, **variant)
     output = _run(batch, case, case.path, config)
-    error = relative_error(output, _reference(batch, case))
-    assert error < RELATIVE_ERROR_BOUND[case.dtype], f"relative error {error:.3g}"
+    assert_within_bound(output, _reference(batch, case), case.dtype)
