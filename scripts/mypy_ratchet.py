@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from attngroup.atomic_write import write_text
+
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = REPO / "scripts" / "mypy-baseline.json"
 LOCK = REPO / "requirements" / "lock.txt"
@@ -144,9 +146,7 @@ def load_baseline(path: Path) -> dict[str, int]:
 
 def write_baseline(path: Path, counts: Mapping[str, int]) -> None:
     text = json.dumps(dict(sorted(counts.items())), indent=2) + "\n"
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)
+    write_text(path, text)
 
 
 def pinned_mypy_version(lock: Path) -> str:
