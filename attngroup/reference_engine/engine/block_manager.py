@@ -150,9 +150,9 @@ class BlockManager:
 
     def allocate(self, request_id: str, num_tokens: int) -> bool:
         """Grow the request's tables to cover ``num_tokens``; False (and no change) when short."""
-        if not self.can_allocate(request_id, num_tokens):
-            return False
         needed = self.num_new_blocks(request_id, num_tokens)
+        if any(n > pool.num_free for n, pool in zip(needed, self.pools, strict=True)):
+            return False
         tables = self._tables.setdefault(request_id, [[] for _ in self.layouts])
         for layout, table, pool, count in zip(
             self.layouts, tables, self.pools, needed, strict=True

@@ -198,19 +198,25 @@ class CapturedStep:
         self.positions.copy_(step.positions)
         return common
 
-    def run(self, rows: StepRows, extra_inputs: Sequence[torch.Tensor]) -> Outputs:
-        """Refill the buffers with ``rows``, re-plan every group, replay; the real rows' outputs."""
-        num_real = len(rows.request_ids)
+    def fill(self, rows: StepRows) -> None:
+        """Refill the metadata buffers with ``rows`` and re-plan every group: valid for every
+        ``replay`` until the next ``fill`` (the k steps of a constant-position draft share one)."""
+        self.num_real = len(rows.request_ids)
         tables = self.context.block_tables(
             rows.request_ids, rows.seq_lens, rows.block_ids, self.kv_groups
         )
-        common = self._fill(num_real=num_real, seq_lens=rows.seq_lens, tables=tables)
+        common = self._fill(num_real=self.num_real, seq_lens=rows.seq_lens, tables=tables)
         for group, builder in self.groups:
             builder.build(common[group.kv_cache_group])
-        real_tokens = num_real * self.query_len
-        self.input_ids[:real_tokens].copy_(rows.token_ids, non_blocking=True)
         if rows.rope_positions is not None:
+            real_tokens = self.num_real * self.query_len
             self.positions[:real_tokens].copy_(rows.rope_positions, non_blocking=True)
+
+    def replay(self, token_ids: torch.Tensor, extra_inputs: Sequence[torch.Tensor]) -> Outputs:
+        """Copy the inputs in (device to device where they come from an earlier step), replay;
+        the real rows' outputs (copies: the next replay overwrites the graph's)."""
+        real_tokens = self.num_real * self.query_len
+        self.input_ids[:real_tokens].copy_(token_ids, non_blocking=True)
         for static, given in zip(self.extra, extra_inputs, strict=True):
             static[:real_tokens].copy_(given)
         self.graph.replay()
@@ -243,14 +249,15 @@ class GraphSteps:
                 return kind
         return None
 
-    def run(
+    def prepare(
         self,
         kind: StepKind | None,
         rows: StepRows,
         model: Callable[..., Outputs],
         extra_inputs: Sequence[torch.Tensor] = (),
-    ) -> Outputs | None:
-        """The pass from its captured graph, or None: run it eagerly (counted either way)."""
+    ) -> Callable[[torch.Tensor, Sequence[torch.Tensor]], Outputs] | None:
+        """The captured step for the pass, filled for ``rows``: call it with the pass's token
+        ids and extra inputs to replay (counted per replay); None: run the pass eagerly."""
         step = self.plan.step(kind) if kind is not None else None
         bucket = step.bucket_for(len(rows.request_ids)) if step is not None else None
         label = kind.value if kind is not None else "other"
@@ -273,8 +280,24 @@ class GraphSteps:
                 extra_inputs=extra_inputs,
             )
             self._captured[step.kind, bucket] = captured
-        self.counts[label, "graph"] += 1
-        return captured.run(rows, extra_inputs)
+        captured.fill(rows)
+
+        def replay(token_ids: torch.Tensor, extra: Sequence[torch.Tensor]) -> Outputs:
+            self.counts[label, "graph"] += 1
+            return captured.replay(token_ids, extra)
+
+        return replay
+
+    def run(
+        self,
+        kind: StepKind | None,
+        rows: StepRows,
+        model: Callable[..., Outputs],
+        extra_inputs: Sequence[torch.Tensor] = (),
+    ) -> Outputs | None:
+        """The pass from its captured graph, or None: run it eagerly (counted either way)."""
+        replay = self.prepare(kind, rows, model, extra_inputs)
+        return None if replay is None else replay(rows.token_ids, extra_inputs)
 
 
 def _as_tuple(outputs: Outputs) -> tuple[torch.Tensor, ...]:
