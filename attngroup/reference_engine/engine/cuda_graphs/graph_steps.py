@@ -7,14 +7,17 @@ on first use per ``capture_plan`` bucket. Each ``CapturedStep`` owns:
 - persistent buffers: input ids, positions, the draft's extra inputs, and its own
   ``StepMetadataBuilder`` sized exactly for the bucket, so every step's metadata lands in
   the same device addresses (query_start_loc, seq_lens, block tables ``capacity`` wide,
-  slot mappings); each replay first refills them in place;
+  slot mappings); ``fill`` refills them in place for a pass's rows and re-plans, and
+  every ``replay`` until the next fill copies in only the inputs (the k steps of a
+  constant-position draft share one fill; inputs that come from the previous replay are
+  device-to-device copies, so the draft loop needs no trip through the host);
 - padding: a batch of ``n`` requests runs ``bucket - n`` padding requests of the same
   query length over the null block, whose slots are the padding slot (they write no KV);
 - per attention group, the metadata the graph was captured with: Triton's launch plan is
   fixed per bucket by capturing with ``max_seq_len`` = the context capacity (its grid and
   split-KV segments never change; programs read their own sequence's length), FlashInfer
-  gets a CUDA-graph wrapper per group and bucket (``flashinfer_graph``) planned before
-  every replay with the step's real lengths.
+  gets a CUDA-graph wrapper per group and bucket (``flashinfer_graph``) planned by every
+  fill with the step's real lengths.
 
 On the CPU there is no graph: ``HostReplay`` re-runs the captured callable, which reads
 only the persistent buffers, so CI exercises the fill-before-replay path and the padding.
