@@ -467,6 +467,7 @@ class ModelRunner:
             self._roll_back_state(request.request_id, num_valid, request.block_ids)
             self._drafter.roll_back(request.request_id, num_valid)
         tokens, probs = self._drafter.propose(requests, num_spec_tokens, batch_ctx.generator)
+        _wait_for_device(self.device)
         # The drafts stay on the device between the k steps; one copy each to the host here.
         draft_token_ids = torch.stack(tokens, dim=1).cpu()
         draft_probs = torch.stack(probs, dim=1).cpu()
