@@ -126,6 +126,11 @@ class BlockManager:
         self.layouts = tuple(layouts)
         self.pools = tuple(BlockPool(num_blocks) for _ in self.layouts)
         self._tables: dict[str, list[list[int]]] = {}
+        # Per request, tokens every group's table covers, and per group the first table
+        # index a window may still free: the per-step calls of a steady decode (nothing to
+        # allocate, at most a block or two to free) then cost no walk over the tables.
+        self._covered: dict[str, int] = {}
+        self._window_start: dict[str, list[int]] = {}
 
     @classmethod
     def for_group_infos(cls, infos: Sequence[GroupInfoLike], num_blocks: int) -> BlockManager:
@@ -150,9 +155,11 @@ class BlockManager:
 
     def allocate(self, request_id: str, num_tokens: int) -> bool:
         """Grow the request's tables to cover ``num_tokens``; False (and no change) when short."""
-        if not self.can_allocate(request_id, num_tokens):
-            return False
+        if num_tokens <= self._covered.get(request_id, -1):
+            return True
         needed = self.num_new_blocks(request_id, num_tokens)
+        if any(n > pool.num_free for n, pool in zip(needed, self.pools, strict=True)):
+            return False
         tables = self._tables.setdefault(request_id, [[] for _ in self.layouts])
         for layout, table, pool, count in zip(
             self.layouts, tables, self.pools, needed, strict=True
@@ -160,23 +167,32 @@ class BlockManager:
             table.extend(pool.allocate(count))
             padding = layout.blocks_for(num_tokens) - len(table)
             table.extend([NULL_BLOCK_ID] * max(0, padding))  # only a state group's table pads
+        self._covered[request_id] = min(
+            len(table) * layout.block_size
+            for layout, table in zip(self.layouts, tables, strict=True)
+        )
         return True
 
     def free_out_of_window(self, request_id: str, num_computed_tokens: int) -> int:
         """Return sliding-window blocks no future query can read; the number freed."""
         freed = 0
-        for layout, table, pool in zip(
-            self.layouts, self._tables.get(request_id, ()), self.pools, strict=False
+        starts = self._window_start.setdefault(request_id, [0] * len(self.layouts))
+        for group, (layout, table, pool) in enumerate(
+            zip(self.layouts, self._tables.get(request_id, ()), self.pools, strict=False)
         ):
-            for index in range(min(layout.first_needed_block(num_computed_tokens), len(table))):
+            end = min(layout.first_needed_block(num_computed_tokens), len(table))
+            for index in range(starts[group], end):  # entries before the start are freed already
                 if table[index] != NULL_BLOCK_ID:
                     pool.free([table[index]])
                     table[index] = NULL_BLOCK_ID
                     freed += 1
+            starts[group] = max(starts[group], end)
         return freed
 
     def free(self, request_id: str) -> None:
         """Return every block of the request (finished or preempted)."""
+        self._covered.pop(request_id, None)
+        self._window_start.pop(request_id, None)
         for table, pool in zip(self._tables.pop(request_id, ()), self.pools, strict=False):
             pool.free([block for block in table if block != NULL_BLOCK_ID])
 

@@ -155,8 +155,8 @@ class LLMEngine:
         started = time.perf_counter()
         finished: list[Request] = []
         sampled: list[Request] = []
-        for item, logits in zip(output.scheduled, target.logits, strict=True):
-            emitted = self._emit(item, logits)
+        emissions = self._emit_all(output.scheduled, target.logits)
+        for item, emitted in zip(output.scheduled, emissions, strict=True):
             if item.num_draft_tokens:
                 self.stats.spec.record(item.num_draft_tokens, len(emitted) - 1)
             before = len(item.request.output_token_ids)
@@ -173,11 +173,40 @@ class LLMEngine:
         self.stats.num_steps += 1
         return finished
 
-    def _emit(self, item: ScheduledRequest, logits: torch.Tensor) -> list[int]:
-        """The tokens a chunk emits: none mid-prefill, one after a prefill end or
-        decode, the rejection sampler's output after verification."""
-        if logits.shape[0] == 0:
-            return []
+    def _emit_all(
+        self, scheduled: Sequence[ScheduledRequest], logits: Sequence[torch.Tensor]
+    ) -> list[list[int]]:
+        """The tokens each chunk emits: none mid-prefill, one after a prefill end or
+        decode, the rejection sampler's output after verification.
+
+        Greedy chunks with the same number of drafts are decided together on the logits'
+        device, with one copy of their tokens to the host (not one per request); sampled
+        chunks draw from the engine's CPU generator one by one, in chunk order."""
+        emitted: list[list[int]] = [[] for _ in scheduled]
+        greedy_by_drafts: dict[int, list[int]] = {}
+        for index, (item, chunk_logits) in enumerate(zip(scheduled, logits, strict=True)):
+            if chunk_logits.shape[0] == 0:
+                continue
+            if item.request.sampling_params.is_greedy:
+                greedy_by_drafts.setdefault(item.num_draft_tokens, []).append(index)
+            else:
+                emitted[index] = self._emit_sampled(item, chunk_logits)
+        for num_drafts, indices in greedy_by_drafts.items():
+            rows = torch.stack([logits[i][-(num_drafts + 1) :] for i in indices]).float()
+            if num_drafts:
+                drafts = torch.tensor(
+                    [scheduled[i].request.spec_token_ids[:num_drafts] for i in indices],
+                    dtype=torch.long,
+                ).to(rows.device)
+                out = greedy_rejection_sample(drafts, rows).tolist()
+            else:
+                out = sample(rows, 0.0, self.generator).tolist()
+            for index, tokens in zip(indices, out, strict=True):
+                emitted[index] = [token for token in tokens if token != PLACEHOLDER_TOKEN_ID]
+        return emitted
+
+    def _emit_sampled(self, item: ScheduledRequest, logits: torch.Tensor) -> list[int]:
+        """A sampled chunk's tokens, drawn on the CPU with the engine's generator."""
         logits = logits.float().cpu()  # tiny vocabularies; the engine's generator lives on the CPU
         request = item.request
         temperature = request.sampling_params.temperature
@@ -185,13 +214,10 @@ class LLMEngine:
             return [int(sample(logits[-1], temperature, self.generator))]
         drafts = torch.tensor([request.spec_token_ids[: item.num_draft_tokens]], dtype=torch.long)
         target_logits = logits[None, -(item.num_draft_tokens + 1) :]
-        if request.sampling_params.is_greedy:
-            out = greedy_rejection_sample(drafts, target_logits)
-        else:
-            draft_probs = request.spec_probs[None, : item.num_draft_tokens].float().cpu()
-            out = random_rejection_sample(
-                drafts, draft_probs, probs_from_logits(target_logits, temperature), self.generator
-            )
+        draft_probs = request.spec_probs[None, : item.num_draft_tokens].float().cpu()
+        out = random_rejection_sample(
+            drafts, draft_probs, probs_from_logits(target_logits, temperature), self.generator
+        )
         return [token for token in out[0].tolist() if token != PLACEHOLDER_TOKEN_ID]
 
     def generate(

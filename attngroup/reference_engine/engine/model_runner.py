@@ -46,7 +46,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -356,16 +356,19 @@ class ModelRunner:
 
     def _draft_decode_pass(self, rows: StepRows) -> Callable[..., Any]:
         """``DraftInputs.decode_pass``: the pass from a captured graph where one serves the
-        batch, else eagerly on one metadata build shared by every call."""
+        batch, else eagerly; either way the metadata is built or filled once for ``rows``
+        and shared by every call (a constant-position draft's k steps)."""
+        graph_replay: list[Callable[..., Any] | None] = []
         eager_context: list[ForwardContext] = []
 
         def step(token_ids: torch.Tensor, *extra: torch.Tensor) -> Any:
             graphs = self.cuda_graphs
             if graphs is not None:
-                kind = graphs.kind_of(rows.query_lens, drafting=True)
-                outputs = graphs.run(kind, replace(rows, token_ids=token_ids), self.draft, extra)
-                if outputs is not None:
-                    return outputs
+                if not graph_replay:
+                    kind = graphs.kind_of(rows.query_lens, drafting=True)
+                    graph_replay.append(graphs.prepare(kind, rows, self.draft, extra))
+                if graph_replay[0] is not None:
+                    return graph_replay[0](token_ids, extra)
             if not eager_context:
                 eager_context.append(self._draft_forward_context(rows))
             return self.draft(token_ids.to(self.device), *extra, eager_context[0])
@@ -384,19 +387,32 @@ class ModelRunner:
             _check_chunk(chunk)
             self._roll_back_state(chunk.request_id, chunk.start_position, chunk.block_ids)
         self._state_snapshots.save(chunks)
-        hidden_per_chunk = self._run_target(chunks)
-        logits = tuple(
-            self.target.compute_logits(
-                {"last": states[-1:], "all": states, "none": states[:0]}[chunk.logits]
-            )
-            for chunk, states in zip(chunks, hidden_per_chunk, strict=True)
-        )
+        hidden = self._run_target(chunks)
+        hidden_per_chunk = tuple(torch.split(hidden, [len(c.token_ids) for c in chunks]))
+        logits = self._logits_per_chunk(chunks, hidden)
         _wait_for_device(self.device)
         self.timings.target_forward += time.perf_counter() - started
         return TargetOutput(logits=logits, hidden_states=hidden_per_chunk)
 
-    def _run_target(self, chunks: Sequence[ScheduledChunk]) -> tuple[torch.Tensor, ...]:
-        """The target over ``chunks``; their final-normed hidden states, also kept for drafting."""
+    def _logits_per_chunk(
+        self, chunks: Sequence[ScheduledChunk], hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """Each chunk's logits rows (its last, all or none) from one projection of every
+        row asked for: one lm-head launch per pass, not one per request."""
+        counts, rows, start = [], [], 0
+        for chunk in chunks:
+            end = start + len(chunk.token_ids)
+            wanted = {"last": range(end - 1, end), "all": range(start, end), "none": range(0)}
+            rows.extend(wanted[chunk.logits])
+            counts.append(len(wanted[chunk.logits]))
+            start = end
+        if len(rows) < hidden.shape[0]:
+            hidden = hidden[torch.tensor(rows, dtype=torch.long).to(hidden.device)]
+        return tuple(torch.split(self.target.compute_logits(hidden), counts))
+
+    def _run_target(self, chunks: Sequence[ScheduledChunk]) -> torch.Tensor:
+        """The target over ``chunks``: final-normed hidden states [tokens, hidden], in chunk
+        order, also kept per request for drafting."""
         rows = StepRows(
             request_ids=tuple(c.request_id for c in chunks),
             token_ids=torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.long),
@@ -415,7 +431,7 @@ class ModelRunner:
         per_chunk = torch.split(hidden, list(rows.query_lens))
         for chunk, states in zip(chunks, per_chunk, strict=True):
             self._target_hidden.write(chunk.request_id, chunk.start_position, states)
-        return tuple(per_chunk)
+        return hidden
 
     def _roll_back_state(
         self, request_id: str, num_valid: int, block_ids: tuple[tuple[int, ...], ...]
@@ -452,10 +468,11 @@ class ModelRunner:
             self._drafter.roll_back(request.request_id, num_valid)
         tokens, probs = self._drafter.propose(requests, num_spec_tokens, batch_ctx.generator)
         _wait_for_device(self.device)
+        # The drafts stay on the device between the k steps; one copy each to the host here.
+        draft_token_ids = torch.stack(tokens, dim=1).cpu()
+        draft_probs = torch.stack(probs, dim=1).cpu()
         self.timings.draft_forward += time.perf_counter() - started
-        return DraftOutput(
-            draft_token_ids=torch.stack(tokens, dim=1), draft_probs=torch.stack(probs, dim=1)
-        )
+        return DraftOutput(draft_token_ids=draft_token_ids, draft_probs=draft_probs)
 
 
 def _tensor_parallel(tp_rank: int, tp_size: int, tp_group: Any) -> TensorParallel:

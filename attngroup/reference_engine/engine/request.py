@@ -61,6 +61,16 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return [*self.prompt_token_ids, *self.output_token_ids]
 
+    def token_ids_between(self, start: int, end: int) -> list[int]:
+        """``all_token_ids[start:end]`` without copying the whole sequence first."""
+        num_prompt = len(self.prompt_token_ids)
+        if start >= num_prompt:
+            return self.output_token_ids[start - num_prompt : end - num_prompt]
+        return [
+            *self.prompt_token_ids[start:end],
+            *self.output_token_ids[: max(0, end - num_prompt)],
+        ]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

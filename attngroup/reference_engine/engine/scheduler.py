@@ -143,7 +143,7 @@ class Scheduler:
     def _chunk(self, item: ScheduledRequest) -> ScheduledChunk:
         request = item.request
         start = request.num_computed_tokens
-        tokens = request.all_token_ids[start : start + item.num_new_tokens]
+        tokens = request.token_ids_between(start, start + item.num_new_tokens)
         if item.num_draft_tokens:
             logits = "all"
         elif start + item.num_new_tokens == request.num_tokens:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from attngroup.reference_engine.engine.block_manager import BlockManager, GroupKind, GroupLayout
@@ -114,3 +114,49 @@ def test_random_operations_keep_every_block_owned_once(operations) -> None:
     for request in list(lengths):
         manager.free(request)
     assert manager.num_used_blocks() == 0
+
+
+class _WalkingManager(BlockManager):
+    """The same allocator with its per-request shortcuts forgotten before every call, so
+    each ``allocate`` and window free walks the whole tables."""
+
+    def allocate(self, request_id: str, num_tokens: int) -> bool:
+        self._covered.clear()
+        return super().allocate(request_id, num_tokens)
+
+    def free_out_of_window(self, request_id: str, num_computed_tokens: int) -> int:
+        self._window_start.clear()
+        return super().free_out_of_window(request_id, num_computed_tokens)
+
+
+# A request freed and grown again starts with no shortcut of its first life.
+_REGROWN = [("grow", "a", 40), ("slide", "a", 40), ("free", "a", 1), ("grow", "a", 8)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(operations=_OPERATIONS)
+@example(operations=[*_REGROWN, ("grow", "a", 32), ("slide", "a", 40)])
+def test_steady_decode_shortcuts_change_nothing(operations) -> None:
+    """The kept covered-token count and first freeable window index give the same answers
+    and the same tables as walking the tables on every call."""
+    fast = BlockManager([FULL, SLIDING, STATE], num_blocks=12)
+    walking = _WalkingManager([FULL, SLIDING, STATE], num_blocks=12)
+    lengths: dict[str, int] = {}
+    for operation, request, amount in operations:
+        if operation == "grow":
+            target = lengths.get(request, 0) + amount
+            allocated = fast.allocate(request, target)
+            assert allocated == walking.allocate(request, target)
+            if allocated:
+                lengths[request] = target
+        elif operation == "slide" and request in lengths:
+            computed = min(amount, lengths[request])
+            assert fast.free_out_of_window(request, computed) == walking.free_out_of_window(
+                request, computed
+            )
+        elif operation == "free":
+            fast.free(request)
+            walking.free(request)
+            lengths.pop(request, None)
+        for known in lengths:
+            assert fast.block_ids(known) == walking.block_ids(known)

@@ -88,8 +88,9 @@ def test_chunked_prefill_respects_the_token_budget() -> None:
         assert sum(len(chunk.token_ids) for chunk in output.batch.chunks) <= 5
         assert len(output.batch.chunks) <= 2
         target = engine.runner.execute_target(output.batch)
-        for item, logits in zip(output.scheduled, target.logits, strict=True):
-            engine.scheduler.update_after_step(item, engine._emit(item, logits))
+        emissions = engine._emit_all(output.scheduled, target.logits)
+        for item, emitted in zip(output.scheduled, emissions, strict=True):
+            engine.scheduler.update_after_step(item, emitted)
     first_chunks = [o.batch.chunks[0] for o in seen[:4]]
     assert [c.start_position for c in first_chunks] == [0, 5, 10, 15]
     assert [c.logits for c in first_chunks] == ["none", "none", "none", "last"]

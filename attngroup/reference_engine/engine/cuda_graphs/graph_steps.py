@@ -7,14 +7,17 @@ on first use per ``capture_plan`` bucket. Each ``CapturedStep`` owns:
 - persistent buffers: input ids, positions, the draft's extra inputs, and its own
   ``StepMetadataBuilder`` sized exactly for the bucket, so every step's metadata lands in
   the same device addresses (query_start_loc, seq_lens, block tables ``capacity`` wide,
-  slot mappings); each replay first refills them in place;
+  slot mappings); ``fill`` refills them in place for a pass's rows and re-plans, and
+  every ``replay`` until the next fill copies in only the inputs (the k steps of a
+  constant-position draft share one fill; inputs that come from the previous replay are
+  device-to-device copies, so the draft loop needs no trip through the host);
 - padding: a batch of ``n`` requests runs ``bucket - n`` padding requests of the same
   query length over the null block, whose slots are the padding slot (they write no KV);
 - per attention group, the metadata the graph was captured with: Triton's launch plan is
   fixed per bucket by capturing with ``max_seq_len`` = the context capacity (its grid and
   split-KV segments never change; programs read their own sequence's length), FlashInfer
-  gets a CUDA-graph wrapper per group and bucket (``flashinfer_graph``) planned before
-  every replay with the step's real lengths.
+  gets a CUDA-graph wrapper per group and bucket (``flashinfer_graph``) planned by every
+  fill with the step's real lengths.
 
 On the CPU there is no graph: ``HostReplay`` re-runs the captured callable, which reads
 only the persistent buffers, so CI exercises the fill-before-replay path and the padding.
@@ -198,19 +201,25 @@ class CapturedStep:
         self.positions.copy_(step.positions)
         return common
 
-    def run(self, rows: StepRows, extra_inputs: Sequence[torch.Tensor]) -> Outputs:
-        """Refill the buffers with ``rows``, re-plan every group, replay; the real rows' outputs."""
-        num_real = len(rows.request_ids)
+    def fill(self, rows: StepRows) -> None:
+        """Refill the metadata buffers with ``rows`` and re-plan every group: valid for every
+        ``replay`` until the next ``fill`` (the k steps of a constant-position draft share one)."""
+        self.num_real = len(rows.request_ids)
         tables = self.context.block_tables(
             rows.request_ids, rows.seq_lens, rows.block_ids, self.kv_groups
         )
-        common = self._fill(num_real=num_real, seq_lens=rows.seq_lens, tables=tables)
+        common = self._fill(num_real=self.num_real, seq_lens=rows.seq_lens, tables=tables)
         for group, builder in self.groups:
             builder.build(common[group.kv_cache_group])
-        real_tokens = num_real * self.query_len
-        self.input_ids[:real_tokens].copy_(rows.token_ids, non_blocking=True)
         if rows.rope_positions is not None:
+            real_tokens = self.num_real * self.query_len
             self.positions[:real_tokens].copy_(rows.rope_positions, non_blocking=True)
+
+    def replay(self, token_ids: torch.Tensor, extra_inputs: Sequence[torch.Tensor]) -> Outputs:
+        """Copy the inputs in (device to device where they come from an earlier step), replay;
+        the real rows' outputs (copies: the next replay overwrites the graph's)."""
+        real_tokens = self.num_real * self.query_len
+        self.input_ids[:real_tokens].copy_(token_ids, non_blocking=True)
         for static, given in zip(self.extra, extra_inputs, strict=True):
             static[:real_tokens].copy_(given)
         self.graph.replay()
@@ -243,14 +252,15 @@ class GraphSteps:
                 return kind
         return None
 
-    def run(
+    def prepare(
         self,
         kind: StepKind | None,
         rows: StepRows,
         model: Callable[..., Outputs],
         extra_inputs: Sequence[torch.Tensor] = (),
-    ) -> Outputs | None:
-        """The pass from its captured graph, or None: run it eagerly (counted either way)."""
+    ) -> Callable[[torch.Tensor, Sequence[torch.Tensor]], Outputs] | None:
+        """The captured step for the pass, filled for ``rows``: call it with the pass's token
+        ids and extra inputs to replay (counted per replay); None: run the pass eagerly."""
         step = self.plan.step(kind) if kind is not None else None
         bucket = step.bucket_for(len(rows.request_ids)) if step is not None else None
         label = kind.value if kind is not None else "other"
@@ -273,8 +283,24 @@ class GraphSteps:
                 extra_inputs=extra_inputs,
             )
             self._captured[step.kind, bucket] = captured
-        self.counts[label, "graph"] += 1
-        return captured.run(rows, extra_inputs)
+        captured.fill(rows)
+
+        def replay(token_ids: torch.Tensor, extra: Sequence[torch.Tensor]) -> Outputs:
+            self.counts[label, "graph"] += 1
+            return captured.replay(token_ids, extra)
+
+        return replay
+
+    def run(
+        self,
+        kind: StepKind | None,
+        rows: StepRows,
+        model: Callable[..., Outputs],
+        extra_inputs: Sequence[torch.Tensor] = (),
+    ) -> Outputs | None:
+        """The pass from its captured graph, or None: run it eagerly (counted either way)."""
+        replay = self.prepare(kind, rows, model, extra_inputs)
+        return None if replay is None else replay(rows.token_ids, extra_inputs)
 
 
 def _as_tuple(outputs: Outputs) -> tuple[torch.Tensor, ...]:

@@ -154,15 +154,27 @@ def sample_drafts(
     logits: torch.Tensor, requests: Sequence[ProposeRequest], generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One draft token per request and the distribution q it was drawn from:
-    one-hot of the argmax for temperature 0, softmax(logits / T) otherwise."""
-    logits = logits.float().cpu()
-    tokens = torch.empty(len(requests), dtype=torch.long)
-    probs = torch.empty_like(logits)
-    for row, request in enumerate(requests):
-        if request.temperature <= 0:
-            tokens[row] = int(logits[row].argmax())
-            probs[row] = nn.functional.one_hot(tokens[row], logits.shape[-1]).float()
-        else:
-            probs[row] = torch.softmax(logits[row] / request.temperature, dim=-1)
-            tokens[row] = int(torch.multinomial(probs[row], 1, generator=generator))
+    one-hot of the argmax for temperature 0, softmax(logits / T) otherwise.
+
+    Both stay on the logits' device, so the next draft step's input needs no trip
+    through the host; only the sampled rows (temperature > 0) go to the host, where
+    the engine's generator draws them in request order."""
+    logits = logits.float()
+    tokens = logits.argmax(-1)
+    probs = nn.functional.one_hot(tokens, logits.shape[-1]).float()
+    sampled = [row for row, request in enumerate(requests) if request.temperature > 0]
+    if sampled:
+        host_logits = logits[sampled].cpu()
+        host_probs = torch.stack(
+            [
+                torch.softmax(row_logits / requests[row].temperature, dim=-1)
+                for row, row_logits in zip(sampled, host_logits, strict=True)
+            ]
+        )
+        host_tokens = torch.cat(
+            [torch.multinomial(row_probs, 1, generator=generator) for row_probs in host_probs]
+        )
+        rows = torch.tensor(sampled, device=logits.device)
+        probs[rows] = host_probs.to(logits.device)
+        tokens[rows] = host_tokens.to(logits.device)
     return tokens, probs
