@@ -399,7 +399,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, ...]:
         """Each chunk's logits rows (its last, all or none) from one projection of every
         row asked for: one lm-head launch per pass, not one per request."""
-        counts, rows, start = [], [], 0
+        counts: list[int] = []
+        rows: list[int] = []
+        start = 0
         for chunk in chunks:
             end = start + len(chunk.token_ids)
             wanted = {"last": range(end - 1, end), "all": range(start, end), "none": range(0)}
