@@ -20,8 +20,11 @@ from torch import nn
 from transformers import Qwen3NextConfig
 
 from attngroup.kernels.backends.mamba_state import gated_linear_attention
+from attngroup.reference_engine.model_pairs import ModelPair
 from attngroup.reference_engine.models.common import (
     AttentionProjections,
+    CausalLM,
+    FamilyModels,
     ForwardContext,
     GatedMLP,
     HiddenConditionedDraft,
@@ -277,19 +280,11 @@ class Qwen3NextStack(nn.Module):
         return x
 
 
-class Qwen3NextForCausalLM(nn.Module):
+class Qwen3NextForCausalLM(CausalLM):
     def __init__(
         self, config: Qwen3NextConfig, layer_prefix: str = "model", tp: TensorParallel = SINGLE
     ) -> None:
-        super().__init__()
-        self.model = Qwen3NextStack(config, layer_prefix, tp)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    def forward(self, token_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.model.norm(self.model.run_layers(self.model.embed(token_ids), ctx))
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        super().__init__(Qwen3NextStack(config, layer_prefix, tp))
 
 
 def build_qwen3_next_mtp(
@@ -297,4 +292,12 @@ def build_qwen3_next_mtp(
 ) -> HiddenConditionedDraft:
     return HiddenConditionedDraft(
         Qwen3NextStack(config, layer_prefix, tp), lambda dim: _norm(config, dim), input_norms=True
+    )
+
+
+def build_qwen3_next_pair(pair: ModelPair, tp: TensorParallel) -> FamilyModels:
+    """The family's builder: the hybrid target and its MTP layer (named under "mtp")."""
+    return FamilyModels(
+        Qwen3NextForCausalLM(pair.target_config(), "model", tp),
+        build_qwen3_next_mtp(pair.draft_config(), "mtp", tp),
     )
