@@ -10,7 +10,7 @@ implementation with the metadata that group's builder built this step.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,6 +271,29 @@ class FamilyModels:
     target: nn.Module
     draft: nn.Module
     draft_skips: tuple[str, ...] = ()
+
+
+class DecoderStack(nn.Module):
+    """Embedding, decoder layers and final norm (transformers' ``*Model``) of a family
+    whose layers take ``(x, ctx)``; the family makes the layers and the norm."""
+
+    def __init__(
+        self, config: PretrainedConfig, layers: Iterable[nn.Module], norm: nn.Module
+    ) -> None:
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(token_ids)
+
+    def run_layers(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return x
 
 
 class CausalLM(nn.Module):

@@ -18,6 +18,7 @@ from attngroup.reference_engine.model_pairs import ModelPair
 from attngroup.reference_engine.models.common import (
     AttentionProjections,
     CausalLM,
+    DecoderStack,
     FamilyModels,
     ForwardContext,
     GatedMLP,
@@ -96,35 +97,24 @@ class DenseDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DenseStack(nn.Module):
-    """Embedding, decoder layers and final norm (transformers' ``*Model``)."""
-
+class DenseStack(DecoderStack):
     def __init__(
         self, config: PretrainedConfig, layer_prefix: str, tp: TensorParallel = SINGLE
     ) -> None:
-        super().__init__()
         _check_rope(config)
-        qk_norm = family_for(config.model_type).qk_norm
         if getattr(config, "mlp_bias", False):
             raise ValueError(f"{type(config).__name__}: mlp_bias=True is not supported")
-        self.hidden_size = config.hidden_size
-        self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DenseDecoderLayer(
-                config, f"{layer_prefix}.layers.{i}.self_attn.attn", tp, qk_norm=qk_norm
-            )
-            for i in range(config.num_hidden_layers)
+        qk_norm = family_for(config.model_type).qk_norm
+        super().__init__(
+            config,
+            (
+                DenseDecoderLayer(
+                    config, f"{layer_prefix}.layers.{i}.self_attn.attn", tp, qk_norm=qk_norm
+                )
+                for i in range(config.num_hidden_layers)
+            ),
+            RMSNorm(config.hidden_size, config.rms_norm_eps),
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(token_ids)
-
-    def run_layers(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x, ctx)
-        return x
 
 
 class DenseForCausalLM(CausalLM):

@@ -24,6 +24,7 @@ from attngroup.reference_engine.model_pairs import ModelPair
 from attngroup.reference_engine.models.common import (
     AttentionProjections,
     CausalLM,
+    DecoderStack,
     FamilyModels,
     ForwardContext,
     GatedMLP,
@@ -257,27 +258,18 @@ class Qwen3NextDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3NextStack(nn.Module):
+class Qwen3NextStack(DecoderStack):
     def __init__(
         self, config: Qwen3NextConfig, layer_prefix: str, tp: TensorParallel = SINGLE
     ) -> None:
-        super().__init__()
-        self.hidden_size = config.hidden_size
-        self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            Qwen3NextDecoderLayer(config, i, layer_prefix, tp)
-            for i in range(config.num_hidden_layers)
+        super().__init__(
+            config,
+            (
+                Qwen3NextDecoderLayer(config, i, layer_prefix, tp)
+                for i in range(config.num_hidden_layers)
+            ),
+            _norm(config, config.hidden_size),
         )
-        self.norm = _norm(config, config.hidden_size)
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(token_ids)
-
-    def run_layers(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x, ctx)
-        return x
 
 
 class Qwen3NextForCausalLM(CausalLM):
