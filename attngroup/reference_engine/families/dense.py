@@ -92,7 +92,9 @@ def unsupported_dense_fields(
             yield "use_sliding_window", "False beside a sliding_window the model applies"
 
 
-def _dense_family(name: str, **quirks: bool) -> ModelFamily:
+def _dense_family(
+    name: str, *, qk_norm: bool = False, qkv_bias_without_o: bool = False
+) -> ModelFamily:
     return ModelFamily(
         name=name,
         target_types=(name,),
@@ -100,7 +102,8 @@ def _dense_family(name: str, **quirks: bool) -> ModelFamily:
         describe_layers=dense_pair_layers,
         builder=BUILDER,
         unsupported=unsupported_dense_fields,
-        **quirks,
+        qk_norm=qk_norm,
+        qkv_bias_without_o=qkv_bias_without_o,
     )
 
 

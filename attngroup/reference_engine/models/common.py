@@ -301,7 +301,7 @@ class CausalLM(nn.Module):
     transformers' ``*ForCausalLM`` names. ``forward`` returns the final-normed hidden
     states (the input of ``lm_head``)."""
 
-    def __init__(self, stack: nn.Module) -> None:
+    def __init__(self, stack: DecoderStack) -> None:
         super().__init__()
         self.model = stack
         self.lm_head = nn.Linear(stack.hidden_size, stack.vocab_size, bias=False)
