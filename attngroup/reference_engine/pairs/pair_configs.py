@@ -122,8 +122,9 @@ def check_supported(file: ConfigFile, family: ModelFamily) -> None:
     for index, layer_type in enumerate(layer_types):
         if layer_type not in family.layer_types:
             raise file.error(f"layer_types[{index}]", f"{layer_type!r} is not implemented")
-    for field, problem in family.unsupported(config, file.raw):
-        raise file.error(field, problem)
+    unsupported = next(family.unsupported(config, file.raw), None)
+    if unsupported:
+        raise file.error(*unsupported)
 
 
 # --- tiny scaling -------------------------------------------------------------------------------
