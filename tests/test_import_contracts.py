@@ -109,6 +109,12 @@ def tree_copy(tmp_path: Path) -> Path:
             id="grouping-api-imports-pairs",
         ),
         pytest.param(
+            "attngroup/reference_engine/families/family.py",
+            "import attngroup.reference_engine.model_pairs",
+            "Reference engine:",
+            id="family-registry-imports-the-pairs",
+        ),
+        pytest.param(
             "attngroup/reference_engine/engine/step.py",
             "import attngroup.reference_engine.engine.scheduler",
             "Engine loop:",

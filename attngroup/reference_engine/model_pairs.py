@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from attngroup.kernels.registry import check_attention_backend
-from attngroup.reference_engine.family_layers import (
-    dense_pair_layers,
-    gemma4_layers,
-    qwen3_next_layers,
-)
+from attngroup.reference_engine.families.dense import LLAMA, QWEN3
+from attngroup.reference_engine.families.family import SpecMethod
+from attngroup.reference_engine.families.gemma4 import GEMMA4
+from attngroup.reference_engine.families.qwen3_next import QWEN3_NEXT
 from attngroup.reference_engine.layers import LayerDescription, Role
 
 if TYPE_CHECKING:  # transformers (and torch under it) load when a config is first made
@@ -40,16 +38,6 @@ TINY_WINDOW = 32
 CANDIDATE_TP_SIZES = (1, 2, 4, 8)
 
 
-class SpecMethod(StrEnum):
-    MTP = "mtp"
-    EAGLE = "eagle"
-    DRAFT_MODEL = "draft_model"
-
-
-#: RoPE variants the dense models implement
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
-
-
 class UnknownModelPairError(KeyError):
     def __str__(self) -> str:
         return f"unknown model pair {self.args[0]!r}; known pairs: {', '.join(MODEL_PAIRS)}"
@@ -61,7 +49,7 @@ class ModelPair:
 
     ``target_config`` and ``draft_config`` are factories: transformers configs
     are mutable, so every caller gets its own. ``describe_layers`` turns the
-    configs into per-rank layer descriptions (``attngroup.reference_engine.family_layers``).
+    configs into per-rank layer descriptions (its family's, ``attngroup.reference_engine.families``).
     """
 
     name: str
@@ -238,62 +226,62 @@ _PAIRS = (
         name="gemma4-e2b-mtp",
         description="Gemma 4 E2B + its MTP assistant: target 8 q / 1 kv heads (head 256 sliding, 512 full), "
         "assistant 4 q heads on Q-only layers reading the target's KV pages",
-        family="gemma4",
+        family=GEMMA4.name,
         spec_method=SpecMethod.MTP,
         target_config=_gemma4_target(num_kv_heads=1, num_layers=15, num_shared=5),
         draft_config=_gemma4_assistant(num_kv_heads=1),
-        describe_layers=gemma4_layers,
+        describe_layers=GEMMA4.describe_layers,
     ),
     ModelPair(
         name="gemma4-e4b-mtp",
         description="Gemma 4 E4B + its MTP assistant: target 8 q / 2 kv heads, assistant 4 q / 2 kv",
-        family="gemma4",
+        family=GEMMA4.name,
         spec_method=SpecMethod.MTP,
         target_config=_gemma4_target(num_kv_heads=2, num_layers=10, num_shared=4),
         draft_config=_gemma4_assistant(num_kv_heads=2),
-        describe_layers=gemma4_layers,
+        describe_layers=GEMMA4.describe_layers,
     ),
     ModelPair(
         name="llama3-eagle",
         description="Llama 3 (32 q / 8 kv / head 128) + one EAGLE layer with its own KV of the same spec "
         "(uniform control)",
-        family="llama",
+        family=LLAMA.name,
         spec_method=SpecMethod.EAGLE,
         target_config=_llama(num_layers=4),
         draft_config=_llama(num_layers=1),
-        describe_layers=dense_pair_layers,
+        describe_layers=LLAMA.describe_layers,
         default_backend="flashinfer",
     ),
     ModelPair(
         name="qwen3-8b-draft-1.7b",
         description="Qwen3-8B-like target (32 q / 8 kv / head 128) drafted by a Qwen3-1.7B-like model "
         "(16 q / 8 kv / head 128): same KV spec, fewer query heads, own KV layers",
-        family="qwen3",
+        family=QWEN3.name,
         spec_method=SpecMethod.DRAFT_MODEL,
         target_config=_qwen3(num_heads_q=32, num_layers=4),
         draft_config=_qwen3(num_heads_q=16, num_layers=2),
-        describe_layers=dense_pair_layers,
+        describe_layers=QWEN3.describe_layers,
         default_backend="flashinfer",
     ),
     ModelPair(
         name="qwen3-next-mtp",
         description="Qwen3-Next-like hybrid: gated linear-attention (Mamba-like) layers 3 : 1 full attention "
         "(16 q / 2 kv / head 256), plus an MTP layer of full attention",
-        family="qwen3_next",
+        family=QWEN3_NEXT.name,
         spec_method=SpecMethod.MTP,
         target_config=_qwen3_next((["linear_attention"] * 3 + ["full_attention"]) * 2),
         draft_config=_qwen3_next(["full_attention"]),
-        describe_layers=qwen3_next_layers,
+        describe_layers=QWEN3_NEXT.describe_layers,
     ),
     ModelPair(
         name="qwen3-mtp",
         description="Qwen3-0.6B-like target (16 q / 8 kv / head 128) with an MTP layer equal to its own layers "
         "(DeepSeek / MiMo style, non-MLA): uniform",
-        family="qwen3",
+        family=QWEN3.name,
         spec_method=SpecMethod.MTP,
         target_config=_qwen3(num_heads_q=16, num_layers=4),
         draft_config=_qwen3(num_heads_q=16, num_layers=1),
-        describe_layers=dense_pair_layers,
+        describe_layers=QWEN3.describe_layers,
     ),
 )
 

@@ -1,6 +1,9 @@
 """The engine's models: one module per family, built from a pair's configs and
 loaded from safetensors files (``attngroup.reference_engine.models.weights``).
 
+Each family's builder is named by its ``ModelFamily`` (``attngroup.reference_engine.families``)
+and imported here when a pair of the family is first built.
+
 ``build_pair_models`` returns the target and the draft of a pair with the
 attention-layer names of ``ModelPair.layers()``: the target's under "model",
 a draft model's / EAGLE layer's / Gemma 4 assistant's under "draft_model",
@@ -9,6 +12,8 @@ Qwen3-Next's MTP layer under "mtp".
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -16,14 +21,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attngroup.reference_engine.family_layers import DENSE_FAMILIES
+from attngroup.reference_engine.families import family_named
+from attngroup.reference_engine.families.family import DraftAttach, ModelFamily
 from attngroup.reference_engine.model_pairs import ModelPair, SpecMethod
-from attngroup.reference_engine.models.gemma4 import Gemma4ForCausalLM
-from attngroup.reference_engine.models.gemma4_assistant import Gemma4Assistant
-from attngroup.reference_engine.models.llama import build_dense_draft_head, build_dense_model
+from attngroup.reference_engine.models.common import FamilyModels
 from attngroup.reference_engine.models.parallel import SINGLE, TensorParallel, shard_for
-from attngroup.reference_engine.models.qwen3_next import Qwen3NextForCausalLM, build_qwen3_next_mtp
-from attngroup.reference_engine.models.weights import identity, load_weights, skipping
+from attngroup.reference_engine.models.weights import load_weights, skipping
 
 
 class DraftKind(StrEnum):
@@ -40,11 +43,17 @@ class PairModels:
 
 
 def draft_kind_of(pair: ModelPair) -> DraftKind:
-    if pair.family == "gemma4":
+    if family_named(pair.family).draft_attach is DraftAttach.SHARED_LAST_OF_TYPE:
         return DraftKind.CONSTANT_POSITION
     if pair.spec_method is SpecMethod.DRAFT_MODEL:
         return DraftKind.DRAFT_MODEL
     return DraftKind.HIDDEN_CONDITIONED
+
+
+def family_builder(family: ModelFamily) -> Callable[[ModelPair, TensorParallel], FamilyModels]:
+    """The function ``family.builder`` names (``"module:function"``), imported now."""
+    module_name, _, function_name = family.builder.partition(":")
+    return getattr(importlib.import_module(module_name), function_name)
 
 
 def build_pair_models(
@@ -57,31 +66,16 @@ def build_pair_models(
 ) -> PairModels:
     """The pair's engine models on one tensor-parallel rank, with weights
     loaded (and cut to the rank's shard) from ``target_file`` / ``draft_file``."""
-    target_config, draft_config = pair.target_config(), pair.draft_config()
-    kind = draft_kind_of(pair)
-    draft_rename = identity
-    if pair.family == "gemma4":
-        target = Gemma4ForCausalLM(target_config, "model", tp)
-        draft = Gemma4Assistant(draft_config, target.model, "draft_model", tp)
-        # The assistant's own embedding is a placeholder: it embeds with the target's.
-        draft_rename = skipping("model.embed_tokens.")
-    elif pair.family == "qwen3_next":
-        target = Qwen3NextForCausalLM(target_config, "model", tp)
-        draft = build_qwen3_next_mtp(draft_config, "mtp", tp)
-    elif pair.family in DENSE_FAMILIES:
-        target = build_dense_model(target_config, "model", tp)
-        if kind is DraftKind.DRAFT_MODEL:
-            draft = build_dense_model(draft_config, "draft_model", tp)
-        else:
-            draft = build_dense_draft_head(
-                draft_config, "draft_model", tp, input_norms=pair.spec_method is SpecMethod.MTP
-            )
-    else:
-        raise ValueError(f"model pair {pair.name}: no engine model for family {pair.family!r}")
-    load_weights(target, target_file, shard=shard_for(target, tp))
-    load_weights(draft, draft_file, draft_rename, shard=shard_for(draft, tp))
+    models = family_builder(family_named(pair.family))(pair, tp)
+    load_weights(models.target, target_file, shard=shard_for(models.target, tp))
+    load_weights(
+        models.draft,
+        draft_file,
+        skipping(*models.draft_skips),
+        shard=shard_for(models.draft, tp),
+    )
     return PairModels(
-        target=target.to(device=device, dtype=dtype).eval(),
-        draft=draft.to(device=device, dtype=dtype).eval(),
-        draft_kind=kind,
+        target=models.target.to(device=device, dtype=dtype).eval(),
+        draft=models.draft.to(device=device, dtype=dtype).eval(),
+        draft_kind=draft_kind_of(pair),
     )

@@ -10,7 +10,7 @@ implementation with the metadata that group's builder built this step.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from transformers import PretrainedConfig
 
 from attngroup.kernels.backend import AttentionImpl
 from attngroup.kernels.ops.kv_cache_write import write_kv_cache
+from attngroup.reference_engine.families import family_for
 from attngroup.reference_engine.models.parallel import (
     COLUMN,
     ROW,
@@ -161,10 +162,11 @@ class GatedMLP(nn.Module):
 
 
 def attention_biases(config: PretrainedConfig) -> tuple[bool, bool]:
-    """(q/k/v bias, o bias) as transformers builds them: Qwen2 always biases
-    q, k and v but not o; Mistral has no bias (and no ``attention_bias`` field);
-    the others follow ``attention_bias`` on all four."""
-    if config.model_type == "qwen2":
+    """(q/k/v bias, o bias) as transformers builds them: a family with
+    ``qkv_bias_without_o`` (Qwen2) always biases q, k and v but not o; Mistral has
+    no bias (and no ``attention_bias`` field); the others follow ``attention_bias``
+    on all four."""
+    if family_for(config.model_type).qkv_bias_without_o:
         return True, False
     bias = bool(getattr(config, "attention_bias", False))
     return bias, bias
@@ -259,6 +261,56 @@ class PagedAttention(nn.Module):
             query.contiguous(), key_cache, value_cache, ctx.attn_metadata[self.layer_name], output
         )
         return output
+
+
+@dataclass(frozen=True)
+class FamilyModels:
+    """A pair's engine models as its family's builder makes them (weights not loaded);
+    ``draft_skips``: prefixes of draft checkpoint tensors the engine does not load."""
+
+    target: nn.Module
+    draft: nn.Module
+    draft_skips: tuple[str, ...] = ()
+
+
+class DecoderStack(nn.Module):
+    """Embedding, decoder layers and final norm (transformers' ``*Model``) of a family
+    whose layers take ``(x, ctx)``; the family makes the layers and the norm."""
+
+    def __init__(
+        self, config: PretrainedConfig, layers: Iterable[nn.Module], norm: nn.Module
+    ) -> None:
+        super().__init__()
+        self.hidden_size = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(token_ids)
+
+    def run_layers(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return x
+
+
+class CausalLM(nn.Module):
+    """A decoder stack (embedding, layers, final norm) under ``lm_head``, with
+    transformers' ``*ForCausalLM`` names. ``forward`` returns the final-normed hidden
+    states (the input of ``lm_head``)."""
+
+    def __init__(self, stack: DecoderStack) -> None:
+        super().__init__()
+        self.model = stack
+        self.lm_head = nn.Linear(stack.hidden_size, stack.vocab_size, bias=False)
+
+    def forward(self, token_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return self.model.norm(self.model.run_layers(self.model.embed(token_ids), ctx))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
 
 
 class HiddenConditionedDraft(nn.Module):

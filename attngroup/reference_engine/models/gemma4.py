@@ -94,20 +94,16 @@ class Gemma4Attention(AttentionProjections):
 
 
 class Gemma4DecoderLayer(nn.Module):
+    """One layer around its attention (a KV-shared one gets the double-wide MLP, if set)."""
+
     def __init__(
-        self,
-        config: Gemma4TextConfig,
-        index: int,
-        layer_name: str,
-        tp: TensorParallel,
-        *,
-        kv_shared: bool,
+        self, config: Gemma4TextConfig, self_attn: Gemma4Attention, tp: TensorParallel
     ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        double_wide = config.use_double_wide_mlp and kv_shared
+        double_wide = config.use_double_wide_mlp and self_attn.kv_shared
         self.input_layernorm = RMSNorm(hidden, eps)
-        self.self_attn = Gemma4Attention(config, index, layer_name, tp, kv_shared=kv_shared)
+        self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps)
         self.mlp = GatedMLP(
@@ -164,10 +160,14 @@ class Gemma4Stack(nn.Module):
         self.layers = nn.ModuleList(
             Gemma4DecoderLayer(
                 config,
-                i,
-                f"{layer_prefix}.layers.{i}.self_attn.attn",
+                Gemma4Attention(
+                    config,
+                    i,
+                    f"{layer_prefix}.layers.{i}.self_attn.attn",
+                    tp,
+                    kv_shared=all_kv_shared or i >= first_shared,
+                ),
                 tp,
-                kv_shared=all_kv_shared or i >= first_shared,
             )
             for i in range(config.num_hidden_layers)
         )

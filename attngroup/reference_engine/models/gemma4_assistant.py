@@ -27,8 +27,9 @@ import torch
 from torch import nn
 from transformers import Gemma4AssistantConfig
 
-from attngroup.reference_engine.models.common import ForwardContext
-from attngroup.reference_engine.models.gemma4 import Gemma4Stack, Gemma4TextModel
+from attngroup.reference_engine.model_pairs import ModelPair
+from attngroup.reference_engine.models.common import FamilyModels, ForwardContext
+from attngroup.reference_engine.models.gemma4 import Gemma4ForCausalLM, Gemma4Stack, Gemma4TextModel
 from attngroup.reference_engine.models.parallel import SINGLE, TensorParallel
 
 
@@ -74,3 +75,11 @@ class Gemma4Assistant(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+
+def build_gemma4_pair(pair: ModelPair, tp: TensorParallel) -> FamilyModels:
+    """The family's builder: the target and its assistant, which embeds with the
+    target's embedding (its own ``embed_tokens`` is a placeholder, not loaded)."""
+    target = Gemma4ForCausalLM(pair.target_config(), "model", tp)
+    draft = Gemma4Assistant(pair.draft_config(), target.model, "draft_model", tp)
+    return FamilyModels(target, draft, draft_skips=("model.embed_tokens.",))

@@ -1,8 +1,9 @@
 """Llama / Mistral / Qwen2 / Qwen3 dense decoders (targets, draft models, EAGLE and MTP layers).
 
 Parameter names follow transformers' ``LlamaForCausalLM`` / ``Qwen3ForCausalLM``
-so a state dict loads without renaming. Qwen3 differs from Llama only by the
-per-head RMS norm of q and k before the rotation (``qk_norm``).
+so a state dict loads without renaming. The families differ only in attention quirks
+their ``ModelFamily`` states: Qwen3's per-head RMS norm of q and k before the rotation
+(``qk_norm``), Qwen2's q/k/v biases (``models.common.attention_biases``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,14 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from attngroup.reference_engine.model_pairs import SUPPORTED_ROPE_TYPES
+from attngroup.reference_engine.families import family_for
+from attngroup.reference_engine.families.family import SUPPORTED_ROPE_TYPES, SpecMethod
+from attngroup.reference_engine.model_pairs import ModelPair
 from attngroup.reference_engine.models.common import (
     AttentionProjections,
+    CausalLM,
+    DecoderStack,
+    FamilyModels,
     ForwardContext,
     GatedMLP,
     HiddenConditionedDraft,
@@ -91,79 +97,52 @@ class DenseDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DenseStack(nn.Module):
-    """Embedding, decoder layers and final norm (transformers' ``*Model``)."""
-
+class DenseStack(DecoderStack):
     def __init__(
-        self,
-        config: PretrainedConfig,
-        layer_prefix: str,
-        tp: TensorParallel = SINGLE,
-        *,
-        qk_norm: bool,
+        self, config: PretrainedConfig, layer_prefix: str, tp: TensorParallel = SINGLE
     ) -> None:
-        super().__init__()
         _check_rope(config)
         if getattr(config, "mlp_bias", False):
             raise ValueError(f"{type(config).__name__}: mlp_bias=True is not supported")
-        self.hidden_size = config.hidden_size
-        self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DenseDecoderLayer(
-                config, f"{layer_prefix}.layers.{i}.self_attn.attn", tp, qk_norm=qk_norm
-            )
-            for i in range(config.num_hidden_layers)
+        qk_norm = family_for(config.model_type).qk_norm
+        super().__init__(
+            config,
+            (
+                DenseDecoderLayer(
+                    config, f"{layer_prefix}.layers.{i}.self_attn.attn", tp, qk_norm=qk_norm
+                )
+                for i in range(config.num_hidden_layers)
+            ),
+            RMSNorm(config.hidden_size, config.rms_norm_eps),
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(token_ids)
-
-    def run_layers(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x, ctx)
-        return x
 
 
-class DenseForCausalLM(nn.Module):
-    """A Llama / Qwen3 target or draft model. ``forward`` returns the final-normed
-    hidden states (the input of ``lm_head``)."""
+class DenseForCausalLM(CausalLM):
+    """A Llama / Qwen target or draft model."""
 
     def __init__(
-        self,
-        config: PretrainedConfig,
-        layer_prefix: str,
-        tp: TensorParallel = SINGLE,
-        *,
-        qk_norm: bool,
+        self, config: PretrainedConfig, layer_prefix: str, tp: TensorParallel = SINGLE
     ) -> None:
-        super().__init__()
-        self.model = DenseStack(config, layer_prefix, tp, qk_norm=qk_norm)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    def forward(self, token_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.model.norm(self.model.run_layers(self.model.embed(token_ids), ctx))
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
-
-
-def is_qwen3(config: PretrainedConfig) -> bool:
-    return config.model_type == "qwen3"
-
-
-def build_dense_model(
-    config: PretrainedConfig, layer_prefix: str, tp: TensorParallel = SINGLE
-) -> DenseForCausalLM:
-    return DenseForCausalLM(config, layer_prefix, tp, qk_norm=is_qwen3(config))
+        super().__init__(DenseStack(config, layer_prefix, tp))
 
 
 def build_dense_draft_head(
     config: PretrainedConfig, layer_prefix: str, tp: TensorParallel = SINGLE, *, input_norms: bool
 ) -> HiddenConditionedDraft:
     """EAGLE (``input_norms=False``) or DeepSeek-style MTP layer(s) of a dense family."""
-    stack = DenseStack(config, layer_prefix, tp, qk_norm=is_qwen3(config))
     return HiddenConditionedDraft(
-        stack, lambda dim: RMSNorm(dim, config.rms_norm_eps), input_norms=input_norms
+        DenseStack(config, layer_prefix, tp),
+        lambda dim: RMSNorm(dim, config.rms_norm_eps),
+        input_norms=input_norms,
     )
+
+
+def build_dense_pair(pair: ModelPair, tp: TensorParallel) -> FamilyModels:
+    """The dense families' builder: the target, and a draft model or a draft head."""
+    target = DenseForCausalLM(pair.target_config(), "model", tp)
+    if pair.spec_method is SpecMethod.DRAFT_MODEL:
+        return FamilyModels(target, DenseForCausalLM(pair.draft_config(), "draft_model", tp))
+    draft = build_dense_draft_head(
+        pair.draft_config(), "draft_model", tp, input_norms=pair.spec_method is SpecMethod.MTP
+    )
+    return FamilyModels(target, draft)

@@ -20,8 +20,12 @@ from torch import nn
 from transformers import Qwen3NextConfig
 
 from attngroup.kernels.backends.mamba_state import gated_linear_attention
+from attngroup.reference_engine.model_pairs import ModelPair
 from attngroup.reference_engine.models.common import (
     AttentionProjections,
+    CausalLM,
+    DecoderStack,
+    FamilyModels,
     ForwardContext,
     GatedMLP,
     HiddenConditionedDraft,
@@ -254,42 +258,25 @@ class Qwen3NextDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3NextStack(nn.Module):
+class Qwen3NextStack(DecoderStack):
     def __init__(
         self, config: Qwen3NextConfig, layer_prefix: str, tp: TensorParallel = SINGLE
     ) -> None:
-        super().__init__()
-        self.hidden_size = config.hidden_size
-        self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            Qwen3NextDecoderLayer(config, i, layer_prefix, tp)
-            for i in range(config.num_hidden_layers)
+        super().__init__(
+            config,
+            (
+                Qwen3NextDecoderLayer(config, i, layer_prefix, tp)
+                for i in range(config.num_hidden_layers)
+            ),
+            _norm(config, config.hidden_size),
         )
-        self.norm = _norm(config, config.hidden_size)
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(token_ids)
-
-    def run_layers(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x, ctx)
-        return x
 
 
-class Qwen3NextForCausalLM(nn.Module):
+class Qwen3NextForCausalLM(CausalLM):
     def __init__(
         self, config: Qwen3NextConfig, layer_prefix: str = "model", tp: TensorParallel = SINGLE
     ) -> None:
-        super().__init__()
-        self.model = Qwen3NextStack(config, layer_prefix, tp)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-
-    def forward(self, token_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        return self.model.norm(self.model.run_layers(self.model.embed(token_ids), ctx))
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        super().__init__(Qwen3NextStack(config, layer_prefix, tp))
 
 
 def build_qwen3_next_mtp(
@@ -297,4 +284,12 @@ def build_qwen3_next_mtp(
 ) -> HiddenConditionedDraft:
     return HiddenConditionedDraft(
         Qwen3NextStack(config, layer_prefix, tp), lambda dim: _norm(config, dim), input_norms=True
+    )
+
+
+def build_qwen3_next_pair(pair: ModelPair, tp: TensorParallel) -> FamilyModels:
+    """The family's builder: the hybrid target and its MTP layer (named under "mtp")."""
+    return FamilyModels(
+        Qwen3NextForCausalLM(pair.target_config(), "model", tp),
+        build_qwen3_next_mtp(pair.draft_config(), "mtp", tp),
     )

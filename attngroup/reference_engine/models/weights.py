@@ -28,6 +28,8 @@ from torch import nn
 from transformers import AutoModelForCausalLM, Gemma4AssistantConfig, Gemma4AssistantForCausalLM
 
 from attngroup import atomic_write
+from attngroup.reference_engine.families import family_named
+from attngroup.reference_engine.families.family import DraftAttach
 from attngroup.reference_engine.model_pairs import ModelPair, SpecMethod
 
 TARGET_FILE = "target.safetensors"
@@ -50,8 +52,10 @@ class ReferenceModels:
 
 
 def needs_hidden_input_projection(pair: ModelPair) -> bool:
-    """EAGLE and MTP layers of dense / hybrid families take cat(embed, hidden)."""
-    return pair.family != "gemma4" and pair.spec_method is not SpecMethod.DRAFT_MODEL
+    """EAGLE and MTP layers that write their own KV take cat(embed, hidden) through ``fc``
+    (an assistant that reads the target's KV is a transformers model with its own projections)."""
+    own_kv = family_named(pair.family).draft_attach is DraftAttach.OWN
+    return own_kv and pair.spec_method is not SpecMethod.DRAFT_MODEL
 
 
 def draft_has_input_norms(pair: ModelPair) -> bool:
@@ -71,13 +75,14 @@ def reference_models(pair: ModelPair, seed: int) -> ReferenceModels:
     else:
         draft = _from_config(draft_config)
     extra: dict[str, torch.Tensor] = {}
+    zero_centered = family_named(pair.family).zero_centered_norms  # norms scale by (1 + w)
     if needs_hidden_input_projection(pair):
         hidden = draft_config.hidden_size
         extra["fc.weight"] = torch.randn(hidden, 2 * hidden, generator=generator) * INIT_STD
         if draft_has_input_norms(pair):
             for name in ("pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight"):
                 extra[name] = torch.randn(hidden, generator=generator) * CONSTANT_PERTURBATION
-                if pair.family != "qwen3_next":  # zero-centred norms there: (1 + w)
+                if not zero_centered:
                     extra[name] += 1.0
     for model in (target, draft):
         _perturb_constant_tensors(model, generator)

@@ -19,23 +19,22 @@ from typing import Any
 
 from transformers import CONFIG_MAPPING, PretrainedConfig
 
-from attngroup.reference_engine.family_layers import DENSE_FAMILIES, FULL, SLIDING, layer_describer
-from attngroup.reference_engine.model_pairs import (
-    SUPPORTED_ROPE_TYPES,
-    TINY_VOCAB,
-    TINY_WINDOW,
-    ModelPair,
-    SpecMethod,
+from attngroup.reference_engine.families import family_for
+from attngroup.reference_engine.families.family import (
+    FULL,
+    LINEAR,
+    SLIDING,
+    DraftAttach,
+    ModelFamily,
+    UnknownFamilyError,
 )
+from attngroup.reference_engine.model_pairs import TINY_VOCAB, TINY_WINDOW, ModelPair, SpecMethod
 
 #: ``models.common.ACTIVATIONS``' names, kept here so that reading configs does not
 #: import the models (and triton) before a command has set up its environment
 ENGINE_ACTIVATIONS = ("gelu_pytorch_tanh", "silu")
 TINY_HIDDEN = 256
 TINY_ASSISTANT_HIDDEN = 128
-TINY_PER_LAYER_INPUT = 16
-TINY_EXPERTS = 4
-TINY_EXPERT_WIDTH = 128
 TINY_UNIFORM_LAYERS = {"target": 4, "draft": 2}
 #: fields that change only how the draft's logits are computed, not attention: the
 #: tiny pair uses the plain value and ``scaling`` reports it (the engine lacks the variant)
@@ -43,33 +42,6 @@ TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 LOGITS_ONLY_FIELDS = {"use_ordered_embeddings": False}
 #: a periodic layer-type pattern keeps whole periods, at least this many layers
 TINY_PATTERN_LAYERS = 4
-#: model_type of a target -> engine family (the multimodal Gemma 4 wrapper reads its text_config)
-TARGET_FAMILIES = {
-    "llama": "llama",
-    "mistral": "mistral",
-    "qwen2": "qwen2",
-    "qwen3": "qwen3",
-    "qwen3_next": "qwen3_next",
-    "gemma4": "gemma4",
-    "gemma4_text": "gemma4",
-}
-#: the draft model types each target family takes
-DRAFT_TYPES = {
-    **{family: set(DENSE_FAMILIES) for family in DENSE_FAMILIES},
-    "qwen3_next": {"qwen3_next"},
-    "gemma4": {"gemma4_assistant"},
-}
-
-
-class DraftAttach:
-    """How the draft's attention gets its K/V."""
-
-    OWN = "own"  # the draft writes its own KV-cache layers
-    SHARED_LAST_OF_TYPE = (
-        "shared:last-of-type"  # Q-only; reads the last non-shared target layer of its type
-    )
-
-    ALL = (OWN, SHARED_LAST_OF_TYPE)
 
 
 class PairConfigError(ValueError):
@@ -107,21 +79,25 @@ def read_config(path: Path) -> ConfigFile:
         raise PairConfigError(
             f"{path}: model_type: missing (transformers needs it to read the file)"
         )
-    model_type = raw["model_type"]
-    if model_type not in CONFIG_MAPPING:
-        raise PairConfigError(f"{path}: model_type: transformers does not know {model_type!r}")
     try:
-        config = CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(raw))
+        config_class = CONFIG_MAPPING[raw["model_type"]]
+    except KeyError:
+        raise PairConfigError(
+            f"{path}: model_type: transformers does not know {raw['model_type']!r}"
+        ) from None
+    try:
+        config = config_class.from_dict(copy.deepcopy(raw))
     except Exception as error:  # transformers' validation errors have no common type
         raise PairConfigError(f"{path}: transformers cannot read it: {error}") from None
     return ConfigFile(path, raw, config)
 
 
 def _text_fields(file: ConfigFile) -> dict[str, Any]:
-    """The language model's fields (Gemma 4's multimodal config nests them)."""
-    if file.model_type == "gemma4":
-        return copy.deepcopy(file.raw["text_config"])
-    return copy.deepcopy(file.raw)
+    """The language model's fields (a multimodal config such as Gemma 4's nests them)."""
+    text = _text_config(file)
+    if text is file.config:
+        return copy.deepcopy(file.raw)
+    return {**copy.deepcopy(file.raw["text_config"]), "model_type": text.model_type}
 
 
 def _text_config(file: ConfigFile) -> PretrainedConfig:
@@ -131,36 +107,24 @@ def _text_config(file: ConfigFile) -> PretrainedConfig:
 # --- checks: every field the engine would otherwise ignore ---------------------------------------
 
 
-def check_supported(file: ConfigFile, family: str) -> None:
-    """Refuse fields whose behaviour the engine lacks, naming the field."""
+def check_supported(file: ConfigFile, family: ModelFamily) -> None:
+    """Refuse fields whose behaviour the engine lacks, naming the field: those no family
+    implements here, the family's own (``ModelFamily.unsupported``) after them."""
     config = _text_config(file)
     act = getattr(config, "hidden_act", None) or getattr(config, "hidden_activation", None)
     if act not in ENGINE_ACTIVATIONS:
         raise file.error("hidden_act", f"{act!r} is not implemented (known: {ENGINE_ACTIVATIONS})")
-    if family in DENSE_FAMILIES or family == "qwen3_next":
-        rope = config.rope_parameters or {}
-        if rope.get("rope_type", "default") not in SUPPORTED_ROPE_TYPES:
-            raise file.error(
-                f"{'rope_parameters' if 'rope_parameters' in file.raw else 'rope_scaling'}.rope_type",
-                f"{rope.get('rope_type')!r} is not implemented (supported: {SUPPORTED_ROPE_TYPES})",
-            )
     if getattr(config, "mlp_bias", False):
         raise file.error("mlp_bias", "True is not implemented")
-    if family == "gemma4" and getattr(config, "enable_moe_block", False):
-        raise file.error("enable_moe_block", "Gemma 4 MoE layers are not implemented")
     if getattr(config, "attn_logit_softcapping", None):
         raise file.error("attn_logit_softcapping", "attention soft-capping is not implemented")
     layer_types = getattr(config, "layer_types", None) or []
-    allowed = {SLIDING, FULL} | ({"linear_attention"} if family == "qwen3_next" else set())
     for index, layer_type in enumerate(layer_types):
-        if layer_type not in allowed:
+        if layer_type not in family.layer_types:
             raise file.error(f"layer_types[{index}]", f"{layer_type!r} is not implemented")
-    if family in DENSE_FAMILIES and getattr(config, "layer_types", None) is None:
-        window = getattr(config, "sliding_window", None)
-        if window is not None and file.raw.get("use_sliding_window") is False:
-            raise file.error(
-                "use_sliding_window", "False beside a sliding_window the model applies"
-            )
+    unsupported = next(family.unsupported(config, file.raw), None)
+    if unsupported:
+        raise file.error(*unsupported)
 
 
 # --- tiny scaling -------------------------------------------------------------------------------
@@ -227,12 +191,10 @@ class _Scaler:
 
 
 def _scale_text(
-    scaler: _Scaler, config: PretrainedConfig, role: str, hidden: int, family: str
+    scaler: _Scaler, config: PretrainedConfig, role: str, hidden: int, family: ModelFamily
 ) -> None:
     fields = scaler.fields
-    head_dim = getattr(config, "head_dim", None) if family != "gemma4" else fields.get("head_dim")
-    if family in DENSE_FAMILIES and not head_dim:
-        head_dim = config.hidden_size // config.num_attention_heads
+    head_dim = family.tiny_head_dim(config, fields)
     if head_dim:
         fields["head_dim"] = head_dim  # explicit: the hidden size changes below
     scaler.set("hidden_size", min(fields["hidden_size"], hidden))
@@ -261,20 +223,11 @@ def _scale_text(
     if "max_window_layers" in fields or getattr(config, "max_window_layers", None) is not None:
         leading_full = next((i for i, t in enumerate(types) if t == SLIDING), len(types))
         scaler.set("max_window_layers", leading_full)
-    if family == "gemma4":
-        if fields.get("hidden_size_per_layer_input"):
-            scaler.set("hidden_size_per_layer_input", TINY_PER_LAYER_INPUT)
-        if fields.get("vocab_size_per_layer_input"):
-            scaler.set("vocab_size_per_layer_input", TINY_VOCAB)
-    if family == "qwen3_next":
-        scaler.cap("num_experts", TINY_EXPERTS)
-        scaler.set("num_experts_per_tok", min(fields["num_experts_per_tok"], fields["num_experts"]))
-        scaler.cap("moe_intermediate_size", TINY_EXPERT_WIDTH)
-        scaler.cap("shared_expert_intermediate_size", TINY_EXPERT_WIDTH)
+    family.scale_extra(scaler)
 
 
 def _pattern(types: list[str]) -> str:
-    short = {SLIDING: "S", FULL: "F", "linear_attention": "L"}
+    short = {SLIDING: "S", FULL: "F", LINEAR: "L"}
     return "".join(short.get(t, "?") for t in types)
 
 
@@ -288,54 +241,47 @@ def _build(file: ConfigFile, fields: dict[str, Any]) -> PretrainedConfig:
 # --- pairs --------------------------------------------------------------------------------------
 
 
-def _family(target: ConfigFile) -> str:
+def _family(target: ConfigFile) -> ModelFamily:
     try:
-        return TARGET_FAMILIES[target.model_type]
-    except KeyError:
-        raise target.error(
-            "model_type",
-            f"{target.model_type!r} has no engine model (supported: {sorted(TARGET_FAMILIES)})",
-        ) from None
-
-
-def _default_attach(draft: ConfigFile) -> str:
-    return (
-        DraftAttach.SHARED_LAST_OF_TYPE
-        if draft.model_type == "gemma4_assistant"
-        else DraftAttach.OWN
-    )
+        return family_for(target.model_type)
+    except UnknownFamilyError as error:
+        raise target.error("model_type", str(error)) from None
 
 
 def _check_pairing(
-    target: ConfigFile, draft: ConfigFile, family: str, method: SpecMethod, attach: str
+    target: ConfigFile, draft: ConfigFile, family: ModelFamily, method: SpecMethod, attach: str
 ) -> None:
-    if draft.model_type not in DRAFT_TYPES[family]:
+    if not family.takes_draft(draft.model_type):
         raise draft.error(
             "model_type",
-            f"a {target.model_type} target takes a draft of type {sorted(DRAFT_TYPES[family])}, "
+            f"a {target.model_type} target takes a draft of type {sorted(family.draft_types)}, "
             f"not {draft.model_type!r}",
         )
-    if attach not in DraftAttach.ALL:
-        raise PairConfigError(f"draft_kv: {attach!r} is not one of {DraftAttach.ALL}")
-    if attach != _default_attach(draft):
+    known = [choice.value for choice in DraftAttach]
+    if attach not in known:
+        raise PairConfigError(f"draft_kv: {attach!r} is not one of {tuple(known)}")
+    if attach != family.draft_attach:
         raise draft.error(
             "model_type",
-            f"a {draft.model_type} draft attaches as {_default_attach(draft)!r}, not {attach!r}",
+            f"a {draft.model_type} draft attaches as {family.draft_attach.value!r}, not {attach!r}",
         )
-    if family in ("gemma4", "qwen3_next") and method is not SpecMethod.MTP:
-        raise PairConfigError(f"method: a {family} pair drafts with mtp, not {method.value!r}")
+    if not family.drafts_with(method):
+        methods = " or ".join(choice.value for choice in family.spec_methods)
+        raise PairConfigError(
+            f"method: a {family.name} pair drafts with {methods}, not {method.value!r}"
+        )
 
 
 def _scaled_configs(
-    target: ConfigFile, draft: ConfigFile, family: str, method: SpecMethod
+    target: ConfigFile, draft: ConfigFile, family: ModelFamily, method: SpecMethod
 ) -> tuple[Callable[[], PretrainedConfig], Callable[[], PretrainedConfig], list]:
     report: list[tuple[str, str, object, object]] = []
     target_fields = _text_fields(target)
     target_scaler = _Scaler("target", target_fields, report)
     _scale_text(target_scaler, _text_config(target), "target", TINY_HIDDEN, family)
     tiny_hidden = target_fields["hidden_size"]
-    if family == "gemma4":
-        target_fields["model_type"] = "gemma4_text"
+    if family.draft_attach is DraftAttach.SHARED_LAST_OF_TYPE:
+        # an assistant: Q-only text layers between projections from and to the target's width
         draft_fields = copy.deepcopy(draft.raw)
         text_scaler = _Scaler("draft", draft_fields["text_config"], report)
         _scale_text(text_scaler, draft.config.text_config, "draft", TINY_ASSISTANT_HIDDEN, family)
@@ -378,19 +324,19 @@ def pair_from_configs(
         ) from None
     target, draft = read_config(target_path), read_config(draft_path)
     family = _family(target)
-    attach = draft_kv or _default_attach(draft)
+    attach = draft_kv or family.draft_attach
     _check_pairing(target, draft, family, spec_method, attach)
     check_supported(target, family)
-    check_supported(draft, family if draft.model_type != "gemma4_assistant" else "gemma4")
+    check_supported(draft, family)
     make_target, make_draft, report = _scaled_configs(target, draft, family, spec_method)
     pair = ModelPair(
         name=name,
         description=description or f"{target.path} + {draft.path} ({spec_method.value}, {attach})",
-        family=family,
+        family=family.name,
         spec_method=spec_method,
         target_config=make_target,
         draft_config=make_draft,
-        describe_layers=layer_describer(family),
+        describe_layers=family.describe_layers,
         default_backend=backend,
         scaling=tuple(report),
     )

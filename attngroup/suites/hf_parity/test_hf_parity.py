@@ -41,8 +41,9 @@ from attngroup.reference_engine.engine.step import (
     ScheduledChunk,
     StepBatch,
 )
+from attngroup.reference_engine.families import family_named
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS, ModelPair, SpecMethod
-from attngroup.reference_engine.models import DraftKind
+from attngroup.reference_engine.models import DraftKind, draft_kind_of
 from attngroup.reference_engine.models.weights import (
     ReferenceModels,
     reference_models,
@@ -57,7 +58,6 @@ SEED = 0
 BLOCKS_PER_REQUEST = 8
 NUM_DECODE_STEPS = 2
 NUM_DRAFT_STEPS = 3
-NOT_IN_TRANSFORMERS = {"qwen3_next": "state layers are not transformers' Gated DeltaNet"}
 #: pairs from small user configs that once ran wrongly (Qwen3's ignored window, Qwen2 /
 #: Mistral's missing attention_bias); built from their config files as a user's pairs are
 REGRESSION_PAIRS = load_pairs_file(Path(__file__).parents[1] / "data" / "regression_pairs.yaml")
@@ -82,7 +82,7 @@ def _pair_params(predicate, backends: tuple[str, ...], device: torch.device) -> 
             marks=[pytest.mark.mtp] if pair.is_mtp else [],
         )
         for pair in (*MODEL_PAIRS.values(), *REGRESSION_PAIRS)
-        if pair.family not in NOT_IN_TRANSFORMERS and predicate(pair)
+        if family_named(pair.family).parity_gap is None and predicate(pair)
         for backend in backends
         if _runs(pair, backend, device)
     ]
@@ -103,7 +103,9 @@ PAIRS_OF_TEST = {
     "test_draft_model_probs_match_transformers": lambda pair: (
         pair.spec_method is SpecMethod.DRAFT_MODEL
     ),
-    "test_gemma4_assistant_probs_match_transformers": lambda pair: pair.family == "gemma4",
+    "test_gemma4_assistant_probs_match_transformers": lambda pair: (
+        draft_kind_of(pair) is DraftKind.CONSTANT_POSITION
+    ),
 }
 
 

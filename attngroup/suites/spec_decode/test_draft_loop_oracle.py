@@ -52,9 +52,11 @@ BLOCK_SIZE = 16
 
 
 def prompt_lengths(pair_name: str) -> tuple[int, ...]:
-    """Two requests of other lengths, one crossing a page boundary (and Gemma 4's 32-token
-    window, where the assistant's sliding layers must drop the oldest keys)."""
-    return (5, 35) if MODEL_PAIRS[pair_name].family == "gemma4" else (5, 18)
+    """Two requests of other lengths, one crossing a page boundary (and a sliding window,
+    where Gemma 4's assistant's sliding layers must drop the oldest keys)."""
+    windows = [layer.sliding_window for layer in MODEL_PAIRS[pair_name].layers()]
+    longest = max((window for window in windows if window), default=0)
+    return (5, max(18, longest + 3))
 
 
 # --- the unpaged attention ---------------------------------------------------------------------
