@@ -187,9 +187,14 @@ RECORD = ("--cov=attngroup", "--cov-context=test", "--cov-report=", "-m", "not g
 
 
 def _copy_of_this_repository(destination: Path) -> Path:
-    """This checkout's tracked files (as they are on disk), committed in a fresh repository."""
+    """This checkout's files as they are on disk (tracked, and untracked ones git does not
+    ignore: a copied working tree may carry an index older than its files), committed in a
+    fresh repository."""
     listed = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        check=True,
     ).stdout.decode()
     for path in filter(None, listed.split("\0")):
         if (REPO_ROOT / path).is_file() and not path.startswith("attngroup/benchmarks/results/"):
