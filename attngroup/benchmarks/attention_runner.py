@@ -42,7 +42,12 @@ from attngroup.kernels.attention_oracle import paged_attention_reference
 from attngroup.kernels.backend import AttentionBackend, AttentionLayerParams
 from attngroup.kernels.backends.flashinfer_attn import WrapperChoice
 from attngroup.kernels.metadata import CommonAttentionMetadata, cdiv
-from attngroup.kernels.ops.triton_launch_config import select_path
+from attngroup.kernels.ops.triton_launch_config import (
+    LaunchConfig,
+    LaunchKind,
+    choose_launch_config,
+    select_path,
+)
 from attngroup.kernels.registry import get_backend
 from attngroup.reference_engine.kv_cache_spec import FullAttentionSpec
 
@@ -149,7 +154,7 @@ def describe_path(backend_name: str, case: Case, metadata) -> str:
     return triton_path(case, metadata.seq_threshold_3d)
 
 
-def triton_path(case: Case, seq_threshold_3d: int | None = None) -> str:
+def triton_path(case: Case, seq_threshold_3d: int | None = None) -> LaunchKind:
     """The path our Triton launcher takes for a case (with split-KV scratch allocated)."""
     return select_path(
         num_seqs=case.batch_size,
@@ -159,6 +164,19 @@ def triton_path(case: Case, seq_threshold_3d: int | None = None) -> str:
         head_size=case.shape.head_size,
         has_scratch=True,
         seq_threshold_3d=seq_threshold_3d,
+    )
+
+
+def heuristic_launch_config(case: Case) -> LaunchConfig:
+    """The launch configuration our heuristic picks for a case on its Triton path."""
+    return choose_launch_config(
+        num_heads_q=case.num_heads_q,
+        num_kv_heads=case.shape.num_kv_heads,
+        head_size=case.shape.head_size,
+        num_seqs=case.batch_size,
+        max_query_len=case.query_len,
+        max_seq_len=case.context_len,
+        path=triton_path(case),
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from attngroup.bugzoo.zoo import copy_tree
 from attngroup.ci.deps.runtime_coverage import node_of_context
 from tests.ci.helpers import RUN_CONFIG, commit_all, init_repo, run_cli
 from tests.json_schemas import assert_matches_schema
@@ -187,19 +188,10 @@ RECORD = ("--cov=attngroup", "--cov-context=test", "--cov-report=", "-m", "not g
 
 
 def _copy_of_this_repository(destination: Path) -> Path:
-    """This checkout's files as they are on disk (tracked, and untracked ones git does not
-    ignore: a copied working tree may carry an index older than its files), committed in a
-    fresh repository."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for path in filter(None, listed.split("\0")):
-        if (REPO_ROOT / path).is_file() and not path.startswith("attngroup/benchmarks/results/"):
-            (destination / path).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(REPO_ROOT / path, destination / path)
+    """This checkout's files as they are on disk (the bug zoo's copy), without the committed
+    benchmark results, committed in a fresh repository."""
+    copy_tree(REPO_ROOT, destination)
+    shutil.rmtree(destination / "attngroup" / "benchmarks" / "results", ignore_errors=True)
     return init_repo(destination, {})
 
 

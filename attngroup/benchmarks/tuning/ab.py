@@ -121,19 +121,9 @@ class CaseBench:
         )
 
     def heuristic(self) -> LaunchConfig:
-        from attngroup.benchmarks.attention_runner import triton_path
-        from attngroup.kernels.ops.triton_launch_config import choose_launch_config
+        from attngroup.benchmarks.attention_runner import heuristic_launch_config
 
-        case = self.case
-        return choose_launch_config(
-            num_heads_q=case.num_heads_q,
-            num_kv_heads=case.shape.num_kv_heads,
-            head_size=case.shape.head_size,
-            num_seqs=case.batch_size,
-            max_query_len=case.query_len,
-            max_seq_len=case.context_len,
-            path=triton_path(case),
-        )
+        return heuristic_launch_config(self.case)
 
     def tensors(self):
         from attngroup.kernels.ops.triton_launch_plan import AttentionTensors

@@ -43,13 +43,17 @@ class SweepSpace:
 def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> list[dict]:
     import torch
 
-    from attngroup.benchmarks.attention_runner import KVCache, step_metadata, triton_path
+    from attngroup.benchmarks.attention_runner import (
+        KVCache,
+        heuristic_launch_config,
+        step_metadata,
+        triton_path,
+    )
     from attngroup.benchmarks.timing import l2_flush_buffer, time_cuda
     from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
     from attngroup.kernels.ops.triton_launch_config import (
         DEFAULT_NUM_SEGMENTS,
         LaunchConfig,
-        choose_launch_config,
     )
     from attngroup.kernels.ops.triton_unified_attention import unified_attention
 
@@ -71,15 +75,7 @@ def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> lis
         case.shape.head_size,
         device,
     )
-    heuristic = choose_launch_config(
-        num_heads_q=case.num_heads_q,
-        num_kv_heads=case.shape.num_kv_heads,
-        head_size=case.shape.head_size,
-        num_seqs=case.batch_size,
-        max_query_len=case.query_len,
-        max_seq_len=case.context_len,
-        path=path,
-    )
+    heuristic = heuristic_launch_config(case)
     flush = l2_flush_buffer(device)
     results = []
     segments = space.num_segments if path == "3d" else (1,)
