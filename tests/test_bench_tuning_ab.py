@@ -24,6 +24,7 @@ def _row(variant: str, ratio: float | None, correct: bool = True, **config) -> d
     base = {"tile_size": 64, "num_warps": 4, "num_stages": 2, "value_splits": 1}
     row = {"variant": variant, "correct": correct, "config": base | config}
     row["config"].setdefault("prefetch_block_table", False)
+    row["config"].setdefault("tma_kv", False)
     if ratio is not None:
         row["over_current"] = ratio
     return row

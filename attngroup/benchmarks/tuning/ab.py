@@ -68,6 +68,11 @@ VARIANTS = (
     Variant("prefetch-stages-3-half-tile", PREFETCH_3, tile_divisor=2),
     Variant("value-split-2-prefetch-stages-3", {"value_splits": 2, **PREFETCH_3}),
     Variant("value-split-2-half-tile", {"value_splits": 2}, tile_divisor=2),
+    # Tensor-descriptor (TMA) loads of K and V, one 16-key page per tile.
+    *(
+        Variant(f"tma-stages-{stages}", {"tma_kv": True, "num_stages": stages}, tile_divisor=4)
+        for stages in (2, 3, 4)
+    ),
 )
 WORST_CASES = (
     "verify.gemma4-e2b-sliding-d256.b16x32k",
@@ -253,7 +258,14 @@ def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flu
     return [rows[variant.name] for variant in variants]
 
 
-TUNED_FIELDS = ("tile_size", "num_warps", "num_stages", "value_splits", "prefetch_block_table")
+TUNED_FIELDS = (
+    "tile_size",
+    "num_warps",
+    "num_stages",
+    "value_splits",
+    "prefetch_block_table",
+    "tma_kv",
+)
 
 
 def candidates(report: Mapping[str, list[dict]]) -> list[dict]:

@@ -72,6 +72,8 @@ class LaunchConfig:
     ``value_splits``: programs that share one q-block's softmax, each owning that fraction of
     V's (padded) head dimension; a power of two leaving >= 16 columns each.
     ``prefetch_block_table``: read each tile's block numbers one iteration ahead.
+    ``tma_kv``: load K and V through tensor descriptors (Hopper's tensor-memory accelerator),
+    one page per tile: ``tile_size`` must equal the cache's block size.
     """
 
     block_m: int
@@ -82,6 +84,7 @@ class LaunchConfig:
     merge_heads_per_program: int = 1
     value_splits: int = 1
     prefetch_block_table: bool = False
+    tma_kv: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "tile_size"):

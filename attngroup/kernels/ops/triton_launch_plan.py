@@ -113,6 +113,7 @@ class _Call:
     sm_scale: float
     sliding_window: int | None
     logits_soft_cap: float | None
+    cache_strides: tuple[tuple[int, ...], ...] = ()  # the key cache's, the value cache's
 
     @property
     def group_size(self) -> int:
@@ -165,6 +166,7 @@ def plan_launch(
         sm_scale=sm_scale,
         sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap,
+        cache_strides=(tensors.key_cache.stride(), tensors.value_cache.stride()),
     )
     chosen = select_path(
         num_seqs=num_seqs,
@@ -254,6 +256,8 @@ def _assemble(call: _Call, path: LaunchKind, config: LaunchConfig) -> LaunchPlan
             f"value_splits {config.value_splits} leaves {value_width} columns of the "
             f"{dot_head_size(call.head_size)}-wide head per program; tl.dot needs >= 16"
         )
+    if config.tma_kv:
+        _check_tma(call, config)
     split_kv = path == "3d"
     block_q = config.block_q(call.group_size)
     q_blocks_per_seq = cdiv(call.max_query_len, block_q)
@@ -315,8 +319,27 @@ def _attention_constexprs(
             "DOT_PRECISION": "ieee" if call.dtype == torch.float32 else "tf32",
             "VALUE_SPLITS": config.value_splits,
             "PREFETCH_BLOCK_TABLE": config.prefetch_block_table,
+            "TMA_KV": config.tma_kv,
         }
     )
+
+
+def _check_tma(call: _Call, config: LaunchConfig) -> None:
+    """What tensor-descriptor loads of K and V need: one page per tile, and rows of the head
+    dimension starting on 16 bytes (the descriptor's stride rule)."""
+    if config.tile_size != call.block_size:
+        raise ValueError(
+            f"tma_kv loads one page per tile: tile_size {config.tile_size} must equal the "
+            f"cache's block size {call.block_size}"
+        )
+    if any(
+        stride * call.dtype.itemsize % 16
+        for strides in call.cache_strides
+        for stride in strides[:-1]
+    ):
+        raise ValueError(
+            f"tma_kv needs cache strides of multiples of 16 bytes; got {call.cache_strides}"
+        )
 
 
 def _merge_launch(call: _Call, config: LaunchConfig) -> KernelLaunch:

@@ -49,6 +49,7 @@ from typing import Literal
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
 from attngroup.kernels.ops.triton_launch_config import LaunchConfig
@@ -157,14 +158,29 @@ def _segment_buffers(plan: LaunchPlan, tensors: AttentionTensors) -> tuple[torch
     return (scratch.segm_output, scratch.segm_max, scratch.segm_expsum)
 
 
+def _cache_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> tuple:
+    """The key and value caches as the kernel takes them: pointers, or (``tma_kv``) tensor
+    descriptors whose box is one page of one KV head (V: one value part's columns)."""
+    if not plan.config.tma_kv:
+        return tensors.key_cache, tensors.value_cache
+    constexprs = plan.attention.constexprs
+    page, width = constexprs["BLOCK_SIZE"], constexprs["HEAD_SIZE_PADDED"]
+    return tuple(
+        TensorDescriptor(cache, list(cache.shape), list(cache.stride()), [1, page, 1, box])
+        for cache, box in (
+            (tensors.key_cache, width),
+            (tensors.value_cache, width // plan.config.value_splits),
+        )
+    )
+
+
 def _attention_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> list:
     """The attention kernel's runtime arguments, in its signature's order."""
     query, output = tensors.query, tensors.output
     return [
         output,
         query,
-        tensors.key_cache,
-        tensors.value_cache,
+        *_cache_arguments(plan, tensors),
         tensors.block_table,
         tensors.seq_lens,
         tensors.query_start_loc,
@@ -238,6 +254,73 @@ def _online_softmax_step(scores, running_max, running_sum):
     return probs, rescale, new_max, running_sum * rescale + tl.sum(probs, axis=1)
 
 
+@triton.jit
+def _tma_tile(
+    key_desc,
+    value_desc,
+    block_table_row,
+    tile,
+    kv_head,
+    value_part,
+    TILE_SIZE: tl.constexpr,
+    HEAD_SIZE_PADDED: tl.constexpr,
+    VALUE_WIDTH: tl.constexpr,
+):
+    """K transposed [HEAD_SIZE_PADDED, TILE_SIZE] and this value part's V [TILE_SIZE,
+    VALUE_WIDTH] of one page, through the caches' tensor descriptors (columns past the head
+    size come back as zeros)."""
+    page = tl.load(block_table_row + tile).to(tl.int32)
+    k = key_desc.load([page, 0, kv_head, 0]).reshape(TILE_SIZE, HEAD_SIZE_PADDED)
+    v = value_desc.load([page, 0, kv_head, value_part * VALUE_WIDTH]).reshape(
+        TILE_SIZE, VALUE_WIDTH
+    )
+    return tl.trans(k), v
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    k,
+    v,
+    key_pos,
+    kv_start,
+    kv_end,
+    row_valid,
+    query_pos,
+    qk_scale,
+    soft_cap,
+    sliding_window,
+    acc,
+    running_max,
+    running_sum,
+    USE_SOFTCAP: tl.constexpr,
+    USE_SLIDING_WINDOW: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One KV tile into the online softmax: scores of the rows against K (transposed), the
+    invisible ones masked, and the probabilities' product with V added to the accumulator."""
+    if DOT_IN_FP32:
+        k = k.to(tl.float32)
+    # Scores in base-2 log units: qk_scale carries log2(e) unless the soft cap needs
+    # natural units first.
+    scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+    if USE_SOFTCAP:
+        scores = _soft_cap(scores, soft_cap) * 1.4426950408889634
+    key_valid = (key_pos >= kv_start) & (key_pos < kv_end)
+    visible = _visible(row_valid, key_valid, key_pos, query_pos, sliding_window, USE_SLIDING_WINDOW)
+    scores = tl.where(visible, scores, float("-inf"))
+    probs, rescale, running_max, running_sum = _online_softmax_step(
+        scores, running_max, running_sum
+    )
+    probs = probs.to(v.dtype)
+    if DOT_IN_FP32:
+        probs = probs.to(tl.float32)
+        v = v.to(tl.float32)
+    acc = tl.dot(probs, v, acc * rescale[:, None], input_precision=DOT_PRECISION)
+    return acc, running_max, running_sum
+
+
 @triton.jit(do_not_specialize=["num_seqs", "num_segments", "q_blocks_per_seq"])
 def _unified_attention_kernel(
     output_ptr,
@@ -284,6 +367,7 @@ def _unified_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     VALUE_SPLITS: tl.constexpr,
     PREFETCH_BLOCK_TABLE: tl.constexpr,
+    TMA_KV: tl.constexpr,
 ):
     """One (q-block, KV head[, segment], value part) program; see the module docstring."""
     q_block = tl.program_id(0) // VALUE_SPLITS
@@ -346,61 +430,82 @@ def _unified_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_SIZE_PADDED // VALUE_SPLITS], dtype=tl.float32)
     tile_offsets = tl.arange(0, TILE_SIZE)
     block_table_row = block_table_ptr + request.to(tl.int64) * stride_block_table
-    if PREFETCH_BLOCK_TABLE:
-        next_block = _physical_blocks(
-            block_table_row, tile_start * TILE_SIZE + tile_offsets, kv_start, kv_end, BLOCK_SIZE
+    if TMA_KV:
+        # One page per tile (TILE_SIZE == BLOCK_SIZE), K and V fetched by the tensor-memory
+        # accelerator into shared memory. Tiles wholly inside [kv_start, kv_end) run in the
+        # pipelined loop; the at most two partial tiles at the edges (outside it, cache slots
+        # may hold anything, NaN included) zero V's invalid rows after the load.
+        first_full = tl.minimum(
+            tl.maximum((kv_start + TILE_SIZE - 1) // TILE_SIZE, tile_start), tile_end
         )
-    for tile in range(tile_start, tile_end):
-        key_pos = tile * TILE_SIZE + tile_offsets
-        key_valid = (key_pos >= kv_start) & (key_pos < kv_end)
+        last_full = tl.minimum(tl.maximum(kv_end // TILE_SIZE, first_full), tile_end)
+        for tile in range(first_full, last_full):
+            k, v = _tma_tile(
+                key_cache_ptr, value_cache_ptr, block_table_row, tile, kv_head, value_part,
+                TILE_SIZE, HEAD_SIZE_PADDED, HEAD_SIZE_PADDED // VALUE_SPLITS,
+            )  # fmt: skip
+            acc, running_max, running_sum = _attend_tile(
+                q, k, v, tile * TILE_SIZE + tile_offsets, kv_start, kv_end, row_valid,
+                query_pos, qk_scale, soft_cap, sliding_window, acc, running_max, running_sum,
+                USE_SOFTCAP, USE_SLIDING_WINDOW, DOT_IN_FP32, DOT_PRECISION,
+            )  # fmt: skip
+        # The partial tiles: the one before first_full and the one at last_full, if in range.
+        for edge in tl.static_range(2):
+            tile = first_full - 1 + edge * (last_full - first_full + 1)
+            if (tile >= tile_start) & (tile < tile_end):
+                k, v = _tma_tile(
+                    key_cache_ptr, value_cache_ptr, block_table_row, tile, kv_head, value_part,
+                    TILE_SIZE, HEAD_SIZE_PADDED, HEAD_SIZE_PADDED // VALUE_SPLITS,
+                )  # fmt: skip
+                key_pos = tile * TILE_SIZE + tile_offsets
+                v = tl.where(((key_pos >= kv_start) & (key_pos < kv_end))[:, None], v, 0.0)
+                acc, running_max, running_sum = _attend_tile(
+                    q, k, v, key_pos, kv_start, kv_end, row_valid, query_pos, qk_scale,
+                    soft_cap, sliding_window, acc, running_max, running_sum,
+                    USE_SOFTCAP, USE_SLIDING_WINDOW, DOT_IN_FP32, DOT_PRECISION,
+                )  # fmt: skip
+    else:
         if PREFETCH_BLOCK_TABLE:
-            physical_block = next_block
             next_block = _physical_blocks(
-                block_table_row, key_pos + TILE_SIZE, kv_start, kv_end, BLOCK_SIZE
+                block_table_row, tile_start * TILE_SIZE + tile_offsets, kv_start, kv_end,
+                BLOCK_SIZE,
+            )  # fmt: skip
+        for tile in range(tile_start, tile_end):
+            key_pos = tile * TILE_SIZE + tile_offsets
+            key_valid = (key_pos >= kv_start) & (key_pos < kv_end)
+            if PREFETCH_BLOCK_TABLE:
+                physical_block = next_block
+                next_block = _physical_blocks(
+                    block_table_row, key_pos + TILE_SIZE, kv_start, kv_end, BLOCK_SIZE
+                )
+            else:
+                physical_block = _physical_blocks(
+                    block_table_row, key_pos, kv_start, kv_end, BLOCK_SIZE
+                )
+            in_block = key_pos % BLOCK_SIZE
+            k = tl.load(  # [HEAD_SIZE_PADDED, TILE_SIZE]: K transposed
+                key_cache_ptr
+                + physical_block[None, :] * stride_key_block
+                + in_block[None, :] * stride_key_offset
+                + kv_head * stride_key_head
+                + dims[:, None],
+                mask=dim_mask[:, None] & key_valid[None, :],
+                other=0.0,
             )
-        else:
-            physical_block = _physical_blocks(
-                block_table_row, key_pos, kv_start, kv_end, BLOCK_SIZE
+            v = tl.load(  # [TILE_SIZE, HEAD_SIZE_PADDED // VALUE_SPLITS]: this part's columns
+                value_cache_ptr
+                + physical_block[:, None] * stride_value_block
+                + in_block[:, None] * stride_value_offset
+                + kv_head * stride_value_head
+                + value_dims[None, :],
+                mask=key_valid[:, None] & value_mask[None, :],
+                other=0.0,
             )
-        in_block = key_pos % BLOCK_SIZE
-        k = tl.load(  # [HEAD_SIZE_PADDED, TILE_SIZE]: K transposed
-            key_cache_ptr
-            + physical_block[None, :] * stride_key_block
-            + in_block[None, :] * stride_key_offset
-            + kv_head * stride_key_head
-            + dims[:, None],
-            mask=dim_mask[:, None] & key_valid[None, :],
-            other=0.0,
-        )
-        v = tl.load(  # [TILE_SIZE, HEAD_SIZE_PADDED // VALUE_SPLITS]: this part's columns
-            value_cache_ptr
-            + physical_block[:, None] * stride_value_block
-            + in_block[:, None] * stride_value_offset
-            + kv_head * stride_value_head
-            + value_dims[None, :],
-            mask=key_valid[:, None] & value_mask[None, :],
-            other=0.0,
-        )
-        if DOT_IN_FP32:
-            k = k.to(tl.float32)
-
-        # Scores in base-2 log units: qk_scale carries log2(e) unless the soft cap needs
-        # natural units first.
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
-        if USE_SOFTCAP:
-            scores = _soft_cap(scores, soft_cap) * 1.4426950408889634
-        visible = _visible(
-            row_valid, key_valid, key_pos, query_pos, sliding_window, USE_SLIDING_WINDOW
-        )
-        scores = tl.where(visible, scores, float("-inf"))
-        probs, rescale, running_max, running_sum = _online_softmax_step(
-            scores, running_max, running_sum
-        )
-        probs = probs.to(v.dtype)
-        if DOT_IN_FP32:
-            probs = probs.to(tl.float32)
-            v = v.to(tl.float32)
-        acc = tl.dot(probs, v, acc * rescale[:, None], input_precision=DOT_PRECISION)
+            acc, running_max, running_sum = _attend_tile(
+                q, k, v, key_pos, kv_start, kv_end, row_valid, query_pos, qk_scale, soft_cap,
+                sliding_window, acc, running_max, running_sum,
+                USE_SOFTCAP, USE_SLIDING_WINDOW, DOT_IN_FP32, DOT_PRECISION,
+            )  # fmt: skip
 
     if SPLIT_KV:
         segm_row = (token * NUM_HEADS_Q + head) * SCRATCH_SEGMENTS + segment
