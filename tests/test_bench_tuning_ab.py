@@ -51,7 +51,8 @@ def _report(**ratios: tuple[float, float, float]) -> dict:
 def test_a_candidate_is_faster_on_every_case_of_its_kind(
     ratios: dict, verify_choice: str, decode_choice: str
 ) -> None:
-    chosen = {(entry["several_tokens"]): entry for entry in candidates(_report(**ratios))}
+    entries = candidates(_report(**ratios))
+    chosen = {entry["several_tokens"]: entry for entry in entries if entry["group_size"] is None}
     assert chosen[True]["variant"] == verify_choice
     assert chosen[False]["variant"] == decode_choice
     expected = {} if verify_choice == CURRENT else {"value_splits": 2}
@@ -61,5 +62,28 @@ def test_a_candidate_is_faster_on_every_case_of_its_kind(
 def test_a_wrong_variant_is_never_a_candidate() -> None:
     report = _report(a=(0.5, 0.5, 0.5))
     report[E4B_VERIFY][1] = _row("a", None, correct=False)
-    chosen = {entry["several_tokens"]: entry["variant"] for entry in candidates(report)}
-    assert chosen == {True: CURRENT, False: "a"}
+    chosen = {
+        (entry["several_tokens"], entry["group_size"]): entry["variant"]
+        for entry in candidates(report)
+    }
+    assert chosen == {(True, None): CURRENT, (True, 4): CURRENT, (True, 8): "a", (False, None): "a"}
+
+
+def test_a_group_size_gets_its_own_candidate_only_where_the_kind_has_none() -> None:
+    """The e2b verify (8 query heads per KV head) faster, the e4b one (4) level: an entry for
+    group size 8 alone; a kind-wide winner leaves no per-group entries."""
+    level = {
+        (entry["several_tokens"], entry["group_size"]): entry["variant"]
+        for entry in candidates(_report(a=(0.90, 0.999, 1.0)))
+    }
+    assert level == {
+        (True, None): CURRENT,
+        (True, 4): CURRENT,
+        (True, 8): "a",
+        (False, None): CURRENT,
+    }
+    wide = candidates(_report(a=(0.90, 0.98, 1.0)))
+    assert [(e["several_tokens"], e["group_size"], e["variant"]) for e in wide] == [
+        (False, None, CURRENT),
+        (True, None, "a"),
+    ]

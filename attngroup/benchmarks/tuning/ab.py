@@ -68,6 +68,10 @@ VARIANTS = (
     Variant("prefetch-stages-3-half-tile", PREFETCH_3, tile_divisor=2),
     Variant("value-split-2-prefetch-stages-3", {"value_splits": 2, **PREFETCH_3}),
     Variant("value-split-2-half-tile", {"value_splits": 2}, tile_divisor=2),
+    Variant("half-tile", tile_divisor=2),
+    # Verify at 8 query heads per KV head: two programs per request (their K/V reads meet in L2).
+    Variant("rows-16", {"block_m": 16}),
+    Variant("rows-16-prefetch-stages-3-half-tile", {"block_m": 16, **PREFETCH_3}, tile_divisor=2),
     # Tensor-descriptor (TMA) loads of K and V, one 16-key page per tile.
     *(
         Variant(f"tma-stages-{stages}", {"tma_kv": True, "num_stages": stages}, tile_divisor=4)
@@ -89,7 +93,9 @@ head-256 decode and verify (close to copy bandwidth: a variant must not cost the
 
 
 def case_kind(case: Case) -> tuple[int, bool]:
-    """The key of ``TUNED_BANDWIDTH_OPTIONS`` a case falls under."""
+    """The kind a case's candidate is named under: (padded head size, several tokens), the
+    key of ``TUNED_BANDWIDTH_OPTIONS`` for any group size (an entry for one group size is set
+    from the per-case rows)."""
     from attngroup.kernels.ops.triton_launch_config import dot_head_size
 
     return dot_head_size(case.shape.head_size), case.query_len > 1
@@ -272,33 +278,52 @@ TUNED_FIELDS = (
 def candidates(report: Mapping[str, list[dict]]) -> list[dict]:
     """Per kind of case, the variant at most ``FASTER_BY`` of ``current`` on every case of
     that kind (the lowest geometric mean of those ratios), else ``current``; with the
-    variant's ``TUNED_FIELDS`` as its compiled config had them (the table's entry)."""
+    variant's ``TUNED_FIELDS`` as its compiled config had them (the table's entry for any
+    group size, ``group_size`` None). Where that is ``current`` and the kind's cases have
+    several group sizes, the same rule per group size too (the table's entries for one)."""
     kinds: dict[tuple[int, bool], list[str]] = {}
     for name in report:
         kinds.setdefault(case_kind(find_case(name)), []).append(name)
     chosen = []
     for (head, several), names in sorted(kinds.items()):
-        best, best_mean, options = CURRENT, 1.0, {}
-        variants = {row["variant"] for name in names for row in report[name]}
-        for variant in sorted(variants - {CURRENT}):
-            rows = [row for name in names for row in report[name] if row["variant"] == variant]
-            ratios = [row.get("over_current", math.inf) for row in rows if row.get("correct")]
-            if len(ratios) != len(names) or max(ratios) > FASTER_BY:
-                continue
-            mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
-            if mean < best_mean:
-                best, best_mean = variant, mean
-                options = {key: rows[0]["config"][key] for key in TUNED_FIELDS}
-        chosen.append(
-            {
-                "head_size_padded": head,
-                "several_tokens": several,
-                "variant": best,
-                "geomean_over_current": best_mean,
-                "options": options,
-            }
-        )
+        groups: dict[int | None, list[str]] = {None: names}
+        entry = _best_variant(report, names)
+        by_group: dict[int, list[str]] = {}
+        for name in names:
+            case = find_case(name)
+            by_group.setdefault(case.num_heads_q // case.shape.num_kv_heads, []).append(name)
+        if entry[0] == CURRENT and len(by_group) > 1:
+            groups.update(sorted(by_group.items()))
+        for group_size, group_names in groups.items():
+            variant, mean, options = _best_variant(report, group_names)
+            chosen.append(
+                {
+                    "head_size_padded": head,
+                    "several_tokens": several,
+                    "group_size": group_size,
+                    "variant": variant,
+                    "geomean_over_current": mean,
+                    "options": options,
+                }
+            )
     return chosen
+
+
+def _best_variant(report: Mapping[str, list[dict]], names: list[str]) -> tuple[str, float, dict]:
+    """The variant at most ``FASTER_BY`` of ``current`` on every one of ``names`` with the
+    lowest geometric mean of its ratios, that mean and its options; else ``current``."""
+    best, best_mean, options = CURRENT, 1.0, {}
+    variants = {row["variant"] for name in names for row in report[name]}
+    for variant in sorted(variants - {CURRENT}):
+        rows = [row for name in names for row in report[name] if row["variant"] == variant]
+        ratios = [row.get("over_current", math.inf) for row in rows if row.get("correct")]
+        if len(ratios) != len(names) or max(ratios) > FASTER_BY:
+            continue
+        mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
+        if mean < best_mean:
+            best, best_mean = variant, mean
+            options = {key: rows[0]["config"][key] for key in TUNED_FIELDS}
+    return best, best_mean, options
 
 
 def print_case(name: str, rows: list[dict]) -> None:
@@ -367,6 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = candidates(report)
     for entry in chosen:
         tokens = "several tokens" if entry["several_tokens"] else "one token"
+        if entry["group_size"] is not None:
+            tokens += f", {entry['group_size']} query heads per KV head"
         print(
             f"candidate for head {entry['head_size_padded']}, {tokens}: {entry['variant']} "
             f"(geomean {entry['geomean_over_current']:.3f}x current) {entry['options']}"

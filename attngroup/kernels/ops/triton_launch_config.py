@@ -35,24 +35,38 @@ for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 
 LaunchKind = Literal["2d", "3d"]
 """The kernel launch: one program per (q-block, KV head) over the whole sequence (2D), or
 split-KV segments merged afterwards (3D); vLLM calls the choice the path."""
-TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool], dict[str, Any]] = {
-    (256, False): {
+TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool, int | None], dict[str, Any]] = {
+    (256, False, None): {
         "tile_size": 32,
         "num_warps": 4,
         "num_stages": 3,
         "value_splits": 1,
         "prefetch_block_table": True,
     },
+    (512, False, 2): {"num_stages": 3},
 }
 """``LaunchConfig`` fields that replace the heuristic's for decode and short verify, by
-(padded head size, more than one query token per request), where a same-process A/B on the
-H200 (``attngroup.benchmarks.tuning.ab``) found a variant faster on every measured case
-of that kind; other kinds keep the heuristic. Head 256, one token (decode, draft): 32-key
-tiles, block numbers read one tile ahead and three stages, which lets Triton's pipeliner
-double-buffer K and V in the shared memory one 64-key tile took (e2b decode 145.7 against
-148.5 us, e4b decode 265.5 against 267.6;
-``attngroup/benchmarks/results/h200-2026-12-04-kernel-ab.txt``). Nothing measured faster at
-head 512 or for verify (same file)."""
+(padded head size, more than one query token per request, group size or None for any), where
+a same-process A/B on the H200 (``attngroup.benchmarks.tuning.ab``) found a variant faster on
+every measured case of that key; an entry for one group size wins over the one for any
+(``tuned_options``); other keys keep the heuristic. Head 256, one token (decode, draft):
+32-key tiles, block numbers read one tile ahead and three stages, which lets Triton's
+pipeliner double-buffer K and V in the shared memory one 64-key tile took (e2b decode 145.7
+against 148.5 us, e4b decode 265.5 against 267.6;
+``attngroup/benchmarks/results/h200-2026-12-04-kernel-ab.txt``). Head 512, one token, two
+query heads per KV head (the e4b draft): three stages, 236 registers per thread against 217
+(525.6 against 553.4 us at 16 x 32k, 527.3 against 556.3 at 64 x 8k); at four or eight query
+heads per KV head three stages reach 255 registers and run 4-6 % slower (e2b draft 295.9
+against 283.5 us, e4b decode 566.6 against 534.5, e2b decode 294.3 against 277.0;
+``h200-2026-12-04-tma-ab.txt``). Nothing measured faster for verify (same files)."""
+
+
+def tuned_options(head_size_padded: int, several_tokens: bool, group_size: int) -> dict[str, Any]:
+    """The ``TUNED_BANDWIDTH_OPTIONS`` entry for a bandwidth-bound launch: the group size's own
+    entry, else the one for any group size, else none."""
+    general = TUNED_BANDWIDTH_OPTIONS.get((head_size_padded, several_tokens, None), {})
+    return TUNED_BANDWIDTH_OPTIONS.get((head_size_padded, several_tokens, group_size), general)
+
 
 # The interpreter runs tl.dot through numpy, which mishandles bfloat16: operands are upcast to
 # float32 there (after rounding P to the cache dtype, so the rounding matches the GPU path).
@@ -159,9 +173,7 @@ def choose_launch_config(
     merge_heads = next_power_of_2(num_heads_q) if INTERPRETED else 1
     config = LaunchConfig(block_m, tile_size, num_warps, 2, 1, merge_heads)
     if bandwidth_bound:
-        config = replace(
-            config, **TUNED_BANDWIDTH_OPTIONS.get((head_size_padded, max_query_len > 1), {})
-        )
+        config = replace(config, **tuned_options(head_size_padded, max_query_len > 1, group_size))
     if path == "3d":
         block_q = block_m // group_size
         num_segments = split_kv_segments(

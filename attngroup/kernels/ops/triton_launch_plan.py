@@ -325,8 +325,15 @@ def _attention_constexprs(
 
 
 def _check_tma(call: _Call, config: LaunchConfig) -> None:
-    """What tensor-descriptor loads of K and V need: one page per tile, and rows of the head
-    dimension starting on 16 bytes (the descriptor's stride rule)."""
+    """What tensor-descriptor loads of K and V need: one page per tile; a power-of-two head
+    size with the heads of a slot side by side (the descriptor sees a slot's heads as one row,
+    a head as a box of it); strides of multiples of 16 bytes (the descriptor's rule)."""
+    if call.head_size != dot_head_size(call.head_size):
+        raise ValueError(f"tma_kv needs a power-of-two head size >= 16; got {call.head_size}")
+    if any(strides[2] != call.head_size for strides in call.cache_strides):
+        raise ValueError(
+            f"tma_kv needs the heads of a cache slot side by side; strides {call.cache_strides}"
+        )
     if config.tile_size != call.block_size:
         raise ValueError(
             f"tma_kv loads one page per tile: tile_size {config.tile_size} must equal the "

@@ -166,7 +166,12 @@ def _cache_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> tuple:
     constexprs = plan.attention.constexprs
     page, width = constexprs["BLOCK_SIZE"], constexprs["HEAD_SIZE_PADDED"]
     return tuple(
-        TensorDescriptor(cache, list(cache.shape), list(cache.stride()), [1, page, 1, box])
+        TensorDescriptor(
+            cache,
+            [cache.shape[0], cache.shape[1], cache.shape[2] * cache.shape[3]],
+            [cache.stride(0), cache.stride(1), 1],
+            [1, page, box],
+        )
         for cache, box in (
             (tensors.key_cache, width),
             (tensors.value_cache, width // plan.config.value_splits),
@@ -266,15 +271,13 @@ def _tma_tile(
     HEAD_SIZE_PADDED: tl.constexpr,
     VALUE_WIDTH: tl.constexpr,
 ):
-    """K transposed [HEAD_SIZE_PADDED, TILE_SIZE] and this value part's V [TILE_SIZE,
+    """K [TILE_SIZE, HEAD_SIZE_PADDED] and this value part's V [TILE_SIZE,
     VALUE_WIDTH] of one page, through the caches' tensor descriptors (columns past the head
     size come back as zeros)."""
     page = tl.load(block_table_row + tile).to(tl.int32)
-    k = key_desc.load([page, 0, kv_head, 0]).reshape(TILE_SIZE, HEAD_SIZE_PADDED)
-    v = value_desc.load([page, 0, kv_head, value_part * VALUE_WIDTH]).reshape(
-        TILE_SIZE, VALUE_WIDTH
-    )
-    return tl.trans(k), v
+    k = key_desc.load([page, 0, kv_head * HEAD_SIZE_PADDED]).reshape(TILE_SIZE, HEAD_SIZE_PADDED)
+    v = value_desc.load([page, 0, kv_head * HEAD_SIZE_PADDED + value_part * VALUE_WIDTH])
+    return k, v.reshape(TILE_SIZE, VALUE_WIDTH)
 
 
 @triton.jit
@@ -297,6 +300,7 @@ def _attend_tile(
     USE_SLIDING_WINDOW: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    K_ROWS: tl.constexpr = False,
 ):
     """One KV tile into the online softmax: scores of the rows against K (transposed), the
     invisible ones masked, and the probabilities' product with V added to the accumulator."""
@@ -304,7 +308,10 @@ def _attend_tile(
         k = k.to(tl.float32)
     # Scores in base-2 log units: qk_scale carries log2(e) unless the soft cap needs
     # natural units first.
-    scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+    if K_ROWS:  # k is [keys, head] and q comes transposed: K's tile feeds the dot unmoved
+        scores = tl.trans(tl.dot(k, q, input_precision=DOT_PRECISION)) * qk_scale
+    else:
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
     if USE_SOFTCAP:
         scores = _soft_cap(scores, soft_cap) * 1.4426950408889634
     key_valid = (key_pos >= kv_start) & (key_pos < kv_end)
@@ -435,6 +442,7 @@ def _unified_attention_kernel(
         # accelerator into shared memory. Tiles wholly inside [kv_start, kv_end) run in the
         # pipelined loop; the at most two partial tiles at the edges (outside it, cache slots
         # may hold anything, NaN included) zero V's invalid rows after the load.
+        q_t = tl.trans(q)
         first_full = tl.minimum(
             tl.maximum((kv_start + TILE_SIZE - 1) // TILE_SIZE, tile_start), tile_end
         )
@@ -445,9 +453,9 @@ def _unified_attention_kernel(
                 TILE_SIZE, HEAD_SIZE_PADDED, HEAD_SIZE_PADDED // VALUE_SPLITS,
             )  # fmt: skip
             acc, running_max, running_sum = _attend_tile(
-                q, k, v, tile * TILE_SIZE + tile_offsets, kv_start, kv_end, row_valid,
+                q_t, k, v, tile * TILE_SIZE + tile_offsets, kv_start, kv_end, row_valid,
                 query_pos, qk_scale, soft_cap, sliding_window, acc, running_max, running_sum,
-                USE_SOFTCAP, USE_SLIDING_WINDOW, DOT_IN_FP32, DOT_PRECISION,
+                USE_SOFTCAP, USE_SLIDING_WINDOW, DOT_IN_FP32, DOT_PRECISION, True,
             )  # fmt: skip
         # The partial tiles: the one before first_full and the one at last_full, if in range.
         for edge in tl.static_range(2):
@@ -460,9 +468,9 @@ def _unified_attention_kernel(
                 key_pos = tile * TILE_SIZE + tile_offsets
                 v = tl.where(((key_pos >= kv_start) & (key_pos < kv_end))[:, None], v, 0.0)
                 acc, running_max, running_sum = _attend_tile(
-                    q, k, v, key_pos, kv_start, kv_end, row_valid, query_pos, qk_scale,
+                    q_t, k, v, key_pos, kv_start, kv_end, row_valid, query_pos, qk_scale,
                     soft_cap, sliding_window, acc, running_max, running_sum,
-                    USE_SOFTCAP, USE_SLIDING_WINDOW, DOT_IN_FP32, DOT_PRECISION,
+                    USE_SOFTCAP, USE_SLIDING_WINDOW, DOT_IN_FP32, DOT_PRECISION, True,
                 )  # fmt: skip
     else:
         if PREFETCH_BLOCK_TABLE:

@@ -9,7 +9,7 @@ from the heuristics' documented rules, worked out in each case's comment.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -19,8 +19,11 @@ import triton.language as tl
 from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError, SplitKVScratch
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
+    TUNED_BANDWIDTH_OPTIONS,
     LaunchConfig,
+    choose_launch_config,
     next_power_of_2,
+    tuned_options,
 )
 from attngroup.kernels.ops.triton_launch_plan import (
     AttentionTensors,
@@ -320,6 +323,43 @@ def test_scratch_shortfall_raises_at_planning() -> None:
     config = LaunchConfig(block_m=16, tile_size=64, num_warps=4, num_stages=2, num_segments=8)
     with pytest.raises(ScratchTooSmallError, match="segments: scratch 4, launch 8"):
         _plan(batch, RecordingProbe(THREE_PER_SM), path="3d", config=config)
+
+
+@pytest.mark.parametrize(("num_heads_q", "stages"), [(4, 3), (8, 2)], ids=["group-2", "group-4"])
+def test_a_group_sizes_own_tuned_entry_wins(num_heads_q: int, stages: int) -> None:
+    """Head 512, one token: the entry for two query heads per KV head applies to them only."""
+    config = choose_launch_config(
+        num_heads_q=num_heads_q,
+        num_kv_heads=2,
+        head_size=512,
+        num_seqs=16,
+        max_query_len=1,
+        max_seq_len=32768,
+        path="3d",
+    )
+    assert config.num_stages == stages
+    assert tuned_options(256, False, 2) == TUNED_BANDWIDTH_OPTIONS[(256, False, None)]
+
+
+TMA_CONFIG = LaunchConfig(block_m=16, tile_size=16, num_warps=4, num_stages=2, tma_kv=True)
+
+
+@pytest.mark.parametrize(
+    ("batch", "config", "message"),
+    [
+        pytest.param(Batch(4, 1, 8, 2, 96, 512), TMA_CONFIG, "power-of-two head", id="head-96"),
+        pytest.param(
+            Batch(4, 1, 8, 2, 128, 512, block_size=32), TMA_CONFIG, "tile_size 16", id="tile"
+        ),
+    ],
+)
+def test_tensor_descriptor_loads_refuse_what_they_cannot_read(
+    batch: Batch, config: LaunchConfig, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        _plan(batch, RecordingProbe(THREE_PER_SM), path="2d", config=config)
+    plan = _plan(replace(batch, head_size=128, block_size=16), RecordingProbe(1), config=config)
+    assert plan is not None and plan.attention.constexprs["TMA_KV"] is True
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 255, 256, 257, 4097])

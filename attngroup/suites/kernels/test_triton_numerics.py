@@ -290,7 +290,7 @@ LAUNCH_VARIANT_CASES = [
     _variant_param(False, (8, 1), 512, "verify", torch.float32, "3d", 24, TMA),
     _variant_param(False, (4, 2), 256, "decode", torch.float16, "3d", None, TMA),
     _variant_param(False, (8, 1), 256, "chunked", torch.float32, "2d", 5, TMA),
-    _variant_param(False, (4, 1), 96, "verify", torch.float32, "3d", None, TMA | VALUE_SPLIT),
+    _variant_param(False, (6, 2), 128, "verify", torch.float32, "3d", None, TMA | VALUE_SPLIT),
     _variant_param(True, (8, 1), 512, "decode64", torch.bfloat16, "3d", None, VALUE_SPLIT),
     _variant_param(True, (8, 1), 512, "verify", torch.bfloat16, "3d", None, TMA),
     _variant_param(True, (4, 2), 512, "decode64", torch.bfloat16, "3d", 512, TMA),
