@@ -87,3 +87,16 @@ def test_a_group_size_gets_its_own_candidate_only_where_the_kind_has_none() -> N
         (False, None, CURRENT),
         (True, None, "a"),
     ]
+
+
+def test_rows_per_program_enter_an_entry_only_from_a_variant_that_sets_them() -> None:
+    report = _report(**{"rows-16": (0.9, 1.0, 1.0), "half-tile": (1.0, 1.0, 0.9)})
+    for name in report:
+        for row in report[name]:
+            row["config"]["block_m"] = 16
+    options = {
+        (entry["several_tokens"], entry["group_size"]): entry["options"]
+        for entry in candidates(report)
+    }
+    assert options[(True, 8)]["block_m"] == 16
+    assert "block_m" not in options[(False, None)]

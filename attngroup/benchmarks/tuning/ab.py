@@ -275,6 +275,11 @@ TUNED_FIELDS = (
 )
 
 
+ROW_FIELDS = ("block_m",)
+"""Fields a candidate's entry carries only where its variant sets them: rows per program
+depend on the group size, so they are never taken from one case for a whole kind."""
+
+
 def candidates(report: Mapping[str, list[dict]]) -> list[dict]:
     """Per kind of case, the variant at most ``FASTER_BY`` of ``current`` on every case of
     that kind (the lowest geometric mean of those ratios), else ``current``; with the
@@ -322,8 +327,13 @@ def _best_variant(report: Mapping[str, list[dict]], names: list[str]) -> tuple[s
         mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
         if mean < best_mean:
             best, best_mean = variant, mean
-            options = {key: rows[0]["config"][key] for key in TUNED_FIELDS}
+            fields = [*TUNED_FIELDS, *(key for key in ROW_FIELDS if key in _fields_of(variant))]
+            options = {key: rows[0]["config"][key] for key in fields}
     return best, best_mean, options
+
+
+def _fields_of(variant: str) -> Mapping[str, Any]:
+    return next((v.fields for v in VARIANTS if v.name == variant), {})
 
 
 def print_case(name: str, rows: list[dict]) -> None:
