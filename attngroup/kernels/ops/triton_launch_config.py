@@ -175,7 +175,7 @@ def choose_launch_config(
     if bandwidth_bound:
         config = replace(config, **tuned_options(head_size_padded, max_query_len > 1, group_size))
     if path == "3d":
-        block_q = block_m // group_size
+        block_q = config.block_q(group_size)
         num_segments = split_kv_segments(
             kv_programs=num_seqs
             * cdiv(max_query_len, block_q)
