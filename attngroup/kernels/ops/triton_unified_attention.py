@@ -163,8 +163,8 @@ def _cache_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> tuple:
     descriptors whose box is one page of one KV head (V: one value part's columns)."""
     if not plan.config.tma_kv:
         return tensors.key_cache, tensors.value_cache
-    constexprs = plan.attention.constexprs
-    page, width = constexprs["BLOCK_SIZE"], constexprs["HEAD_SIZE_PADDED"]
+    # The plan refused tma_kv unless the head size is a power of two (its padded width).
+    _, page, _, width = tensors.key_cache.shape
     return tuple(
         TensorDescriptor(
             cache,
