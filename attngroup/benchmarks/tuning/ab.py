@@ -78,6 +78,15 @@ VARIANTS = (
         for stages in (2, 3, 4)
     ),
     Variant("tma-stages-3-warps-8", {"tma_kv": True, "num_stages": 3, "num_warps": 8}, 4),
+    # The same with the page numbers read one tile ahead: num_stages - 1 buffers.
+    *(
+        Variant(
+            f"tma-prefetch-stages-{stages}",
+            {"tma_kv": True, "prefetch_block_table": True, "num_stages": stages},
+            tile_divisor=4,
+        )
+        for stages in (3, 4)
+    ),
 )
 WORST_CASES = (
     "verify.gemma4-e2b-sliding-d256.b16x32k",

@@ -263,8 +263,7 @@ def _online_softmax_step(scores, running_max, running_sum):
 def _tma_tile(
     key_desc,
     value_desc,
-    block_table_row,
-    tile,
+    page,
     kv_head,
     value_part,
     TILE_SIZE: tl.constexpr,
@@ -272,9 +271,8 @@ def _tma_tile(
     VALUE_WIDTH: tl.constexpr,
 ):
     """K [TILE_SIZE, HEAD_SIZE_PADDED] and this value part's V [TILE_SIZE,
-    VALUE_WIDTH] of one page, through the caches' tensor descriptors (columns past the head
+    VALUE_WIDTH] of cache block ``page``, through the caches' tensor descriptors (columns past the head
     size come back as zeros)."""
-    page = tl.load(block_table_row + tile).to(tl.int32)
     k = key_desc.load([page, 0, kv_head * HEAD_SIZE_PADDED]).reshape(TILE_SIZE, HEAD_SIZE_PADDED)
     v = value_desc.load([page, 0, kv_head * HEAD_SIZE_PADDED + value_part * VALUE_WIDTH])
     return k, v.reshape(TILE_SIZE, VALUE_WIDTH)
@@ -447,9 +445,18 @@ def _unified_attention_kernel(
             tl.maximum((kv_start + TILE_SIZE - 1) // TILE_SIZE, tile_start), tile_end
         )
         last_full = tl.minimum(tl.maximum(kv_end // TILE_SIZE, first_full), tile_end)
+        # With PREFETCH_BLOCK_TABLE the page numbers are read one tile ahead, which lets the
+        # pipeliner give the descriptor loads num_stages - 1 buffers (one without it).
+        if PREFETCH_BLOCK_TABLE:
+            next_page = tl.load(block_table_row + tl.minimum(first_full, tile_end - 1))
         for tile in range(first_full, last_full):
+            if PREFETCH_BLOCK_TABLE:
+                page = next_page.to(tl.int32)
+                next_page = tl.load(block_table_row + tl.minimum(tile + 1, tile_end - 1))
+            else:
+                page = tl.load(block_table_row + tile).to(tl.int32)
             k, v = _tma_tile(
-                key_cache_ptr, value_cache_ptr, block_table_row, tile, kv_head, value_part,
+                key_cache_ptr, value_cache_ptr, page, kv_head, value_part,
                 TILE_SIZE, HEAD_SIZE_PADDED, HEAD_SIZE_PADDED // VALUE_SPLITS,
             )  # fmt: skip
             acc, running_max, running_sum = _attend_tile(
@@ -462,7 +469,8 @@ def _unified_attention_kernel(
             tile = first_full - 1 + edge * (last_full - first_full + 1)
             if (tile >= tile_start) & (tile < tile_end):
                 k, v = _tma_tile(
-                    key_cache_ptr, value_cache_ptr, block_table_row, tile, kv_head, value_part,
+                    key_cache_ptr, value_cache_ptr, tl.load(block_table_row + tile).to(tl.int32),
+                    kv_head, value_part,
                     TILE_SIZE, HEAD_SIZE_PADDED, HEAD_SIZE_PADDED // VALUE_SPLITS,
                 )  # fmt: skip
                 key_pos = tile * TILE_SIZE + tile_offsets
