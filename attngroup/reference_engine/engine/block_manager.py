@@ -141,6 +141,11 @@ class BlockManager:
         tables = self._tables.get(request_id) or [[] for _ in self.layouts]
         return tuple(tuple(table) for table in tables)
 
+    def table(self, request_id: str, group_id: int) -> Sequence[int]:
+        """The request's live table in one group (read only: no copy, for per-step deltas)."""
+        tables = self._tables.get(request_id)
+        return tables[group_id] if tables else ()
+
     def num_new_blocks(self, request_id: str, num_tokens: int) -> list[int]:
         """Per group, how many blocks covering ``num_tokens`` tokens would take from the pool."""
         tables = self._tables.get(request_id) or [[] for _ in self.layouts]

@@ -35,6 +35,7 @@ from attngroup.reference_engine.engine.rejection_sampler import (
 from attngroup.reference_engine.engine.request import Request, SamplingParams
 from attngroup.reference_engine.engine.sampler import probs_from_logits, sample
 from attngroup.reference_engine.engine.scheduler import ScheduledRequest, Scheduler
+from attngroup.reference_engine.engine.spec_decode.device_loop import DeviceLoop
 from attngroup.reference_engine.engine.spec_decode.metrics import SpecDecodeStats
 from attngroup.reference_engine.engine.spec_decode.proposer import Proposer
 from attngroup.reference_engine.model_pairs import ModelPair, get_model_pair
@@ -73,6 +74,7 @@ class StepTimings:
 
     schedule: float = 0.0
     sampling: float = 0.0  # sampling and rejection sampling
+    device_wait: float = 0.0  # device steps: the host waiting for a launched step's result
 
 
 @dataclass
@@ -129,6 +131,10 @@ class LLMEngine:
         self.proposer = Proposer(self.runner, self.block_manager, k) if k else None
         self.generator = torch.Generator(device="cpu").manual_seed(config.seed)
         self.stats = EngineStats(spec=SpecDecodeStats(k))
+        # Greedy speculative steps kept on the device while the batch qualifies.
+        self.device_loop = (
+            DeviceLoop(self.runner, self.scheduler, self.stats) if k and config.cuda_graph else None
+        )
         self._ids = itertools.count()
 
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> Request:
@@ -143,6 +149,11 @@ class LLMEngine:
 
     def step(self) -> list[Request]:
         """Run one engine step; the requests that finished in it."""
+        if self.device_loop is not None:
+            finished_on_device = self.device_loop.step()
+            if finished_on_device is not None:
+                self.stats.num_steps += 1
+                return finished_on_device
         timings = self.stats.timings
         started = time.perf_counter()
         output = self.scheduler.schedule()

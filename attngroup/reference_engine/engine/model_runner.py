@@ -56,6 +56,10 @@ from torch import nn
 
 from attngroup.kernels.registry import get_backend
 from attngroup.reference_engine.attention_groups import AttentionGroup, GroupingPolicy
+from attngroup.reference_engine.engine.cuda_graphs.device_spec_step import (
+    DeviceSpecStep,
+    DeviceSpecSteps,
+)
 from attngroup.reference_engine.engine.cuda_graphs.graph_steps import GraphSteps
 from attngroup.reference_engine.engine.cuda_graphs.runner_graphs import runner_graph_steps
 from attngroup.reference_engine.engine.forward_metadata import (
@@ -203,6 +207,23 @@ class ModelRunner:
                         step.kind.value,
                         group,
                     )
+        self._device_spec_steps: DeviceSpecSteps | None = None
+        if self.cuda_graphs is not None and self.draft_kind is DraftKind.CONSTANT_POSITION:
+            # The assistant's extra input: the target's hidden state (one rank: not sharded).
+            hidden_size = self.pair.target_config().hidden_size
+            hidden = torch.empty((0, hidden_size), dtype=dtype, device=self.device)
+            self._device_spec_steps = DeviceSpecSteps(
+                self.cuda_graphs, self.target, self.draft, hidden
+            )
+
+    def device_spec_step(self, num_reqs: int) -> tuple[DeviceSpecStep | None, str]:
+        """The captured device-resident speculative step for ``num_reqs`` greedy requests
+        (``cuda_graphs.device_spec_step``), or None and why the batch cannot run there."""
+        if self.cuda_graphs is None:
+            return None, "CUDA graphs are off"
+        if self._device_spec_steps is None:
+            return None, f"the {self.draft_kind.value} drafter keeps per-request state on the host"
+        return self._device_spec_steps.get(num_reqs)
 
     # --- start-up ---------------------------------------------------------------------------
 

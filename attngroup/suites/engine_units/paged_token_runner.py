@@ -83,7 +83,7 @@ class PagedTokenRunner:
         for group, cache in enumerate(self.caches):
             cache[self._slot(group, block_ids[group], position)] = token
 
-    def _read_prefix(
+    def read_prefix(
         self, block_ids: tuple[tuple[int, ...], ...], length: int
     ) -> tuple[list[int], list[int]]:
         full = [int(self.caches[0][self._slot(0, block_ids[0], p)]) for p in range(length)]
@@ -95,21 +95,44 @@ class PagedTokenRunner:
         for info, table in zip(self.kv_cache_group_infos, block_ids, strict=True):
             assert len(table) >= cdiv(num_positions, info.block_size), (info, table, num_positions)
 
+    def run_chunk(
+        self,
+        request_id: str,
+        block_ids: tuple[tuple[int, ...], ...],
+        start: int,
+        token_ids: tuple[int, ...],
+    ) -> list[int]:
+        """Write a chunk's tokens at ``start`` on, and the "model"'s next token after each,
+        read back through the block tables."""
+        self._check_cover(block_ids, start + len(token_ids))
+        rows = []
+        for offset, token in enumerate(token_ids):
+            position = start + offset
+            self._write(block_ids, position, token)
+            full, recent = self.read_prefix(block_ids, position + 1)
+            assert UNWRITTEN not in full, f"{request_id}: read an unwritten slot"
+            assert sum(recent) == sum(full[-self.window :]), f"{request_id}: window differs"
+            rows.append(next_token(full, self.window))
+        return rows
+
+    def draft(self, token_ids: list[int], num_spec_tokens: int) -> list[int]:
+        """The drafter: the true continuation of ``token_ids``, corrupted at hashed positions."""
+        tokens = list(token_ids)
+        row = []
+        for _ in range(num_spec_tokens):
+            token = next_token(tokens, self.window)
+            if (len(tokens) * 7919) % self.draft_error_every == 0:
+                token = (token + 1) % VOCAB
+            row.append(token)
+            tokens.append(token)
+        return row
+
     def execute_target(self, batch: StepBatch) -> TargetOutput:
         logits = []
         for chunk in batch.chunks:
-            end = chunk.start_position + len(chunk.token_ids)
-            self._check_cover(chunk.block_ids, end)
-            rows = []
-            for offset, token in enumerate(chunk.token_ids):
-                position = chunk.start_position + offset
-                self._write(chunk.block_ids, position, token)
-                full, recent = self._read_prefix(chunk.block_ids, position + 1)
-                assert UNWRITTEN not in full, f"{chunk.request_id}: read an unwritten slot"
-                assert sum(recent) == sum(full[-self.window :]), (
-                    f"{chunk.request_id}: window differs"
-                )
-                rows.append(next_token(full, self.window))
+            rows = self.run_chunk(
+                chunk.request_id, chunk.block_ids, chunk.start_position, chunk.token_ids
+            )
             wanted = {"all": rows, "last": rows[-1:], "none": []}[chunk.logits]
             logits.append(self._one_hot(wanted))
         return TargetOutput(
@@ -126,15 +149,7 @@ class PagedTokenRunner:
         drafts = []
         for request in batch_ctx.requests:
             self._check_cover(request.block_ids, len(request.token_ids) + num_spec_tokens)
-            tokens = list(request.token_ids)
-            row = []
-            for _ in range(num_spec_tokens):
-                token = next_token(tokens, self.window)
-                if (len(tokens) * 7919) % self.draft_error_every == 0:
-                    token = (token + 1) % VOCAB
-                row.append(token)
-                tokens.append(token)
-            drafts.append(row)
+            drafts.append(self.draft(list(request.token_ids), num_spec_tokens))
         ids = torch.tensor(drafts, dtype=torch.long)
         probs = torch.nn.functional.one_hot(ids, VOCAB).float()
         return DraftOutput(ids, probs)

@@ -22,9 +22,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attngroup.reference_engine.engine.cuda_graphs.device_spec_step import DeviceSpecStep
+from attngroup.reference_engine.engine.request import SamplingParams
+from attngroup.reference_engine.models import DraftKind
 from attngroup.suites.spec_decode.harness import (
     DTYPES,
     ON_GPU,
+    ORACLE_ERROR_EVERY,
     PAIRS,
     VerifyRecord,
     engine_cases,
@@ -39,6 +43,8 @@ from attngroup.suites.spec_decode.harness import (
 # on a near-tie). A wrong row or head reads other data: about 1.4 for random logits.
 BF16_MEDIAN_ROW_RTOL = 5e-2
 BF16_MAX_ROW_RTOL = 0.5
+# Long enough that requests run several device steps after accepting drafts.
+DEVICE_LOOP_MAX_TOKENS = 16
 
 
 @pytest.mark.parametrize(("pair", "backend", "dtype", "k"), engine_cases(PAIRS, (1, 3)))
@@ -87,6 +93,65 @@ def test_spec_decode_greedy_from_cuda_graphs(engines, target_only_tokens, pair: 
     assert engine.stats.spec.num_draft_tokens > 0
     replays = engine.runner.cuda_graphs.counts
     assert sum(n for (_, path), n in replays.items() if path == "graph") > 0, dict(replays)
+    loop = engine.device_loop.counts
+    if engine.runner.draft_kind is DraftKind.CONSTANT_POSITION:
+        assert loop["device"] > 0, f"no step ran on the device loop: {dict(loop)}"
+    else:
+        assert loop["device"] == 0 and any("drafter keeps" in reason for reason in loop), dict(loop)
+
+
+@pytest.mark.spec_decode
+@pytest.mark.mtp
+@pytest.mark.case(pair="gemma4-e2b-mtp", backend="triton", dtype="fp32", k=3)
+@pytest.mark.skipif(ON_GPU, reason="the oracle drafts in Python at each replay: HostReplay only")
+def test_device_loop_greedy_with_oracle_drafts(engines, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy speculative steps kept on the device (``cuda_graphs.device_spec_step``, run
+    by the CPU's ``HostReplay``) emit the target's own greedy tokens while drafts are
+    accepted, rejected and followed by bonus tokens: the draft's logits are replaced by
+    the target's continuation, corrupted at every fifth position, as ``OracleDrafts``
+    does on the scheduler's path (the real draft passes still run)."""
+    pair, k = "gemma4-e2b-mtp", 3
+    prompts = prompts_for(pair)
+    params = SamplingParams(max_tokens=DEVICE_LOOP_MAX_TOKENS)
+    target = engines.engine(pair, backend="triton", dtype=DTYPES["fp32"], num_spec_tokens=0)
+    reference = target.generate(prompts, params)
+    sequences = {tuple(p): [*p, *out] for p, out in zip(prompts, reference, strict=True)}
+    engine = engines.engine(
+        pair, backend="triton", dtype=DTYPES["fp32"], num_spec_tokens=k, cuda_graph=True
+    )
+    rows: list[list[int]] = []  # per row of the device batch: its request's reference
+    loaded: list[DeviceSpecStep] = []
+    load = DeviceSpecStep.load
+
+    def recording_load(step: DeviceSpecStep, *args) -> None:
+        rows[:] = [sequences[r.prompt_token_ids] for r in engine.scheduler.running]
+        loaded[:] = [step]
+        load(step, *args)
+
+    compute_logits = engine.runner.draft.compute_logits
+    calls = iter(range(10**6))
+
+    def oracle_logits(normed: torch.Tensor) -> torch.Tensor:
+        logits, step = compute_logits(normed), next(calls) % k
+        for row, sequence in enumerate(rows):
+            position = int(loaded[0].draft.positions[row]) + 1 + step  # L + step
+            if position < len(sequence):
+                token = sequence[position] + (position % ORACLE_ERROR_EVERY == 0)
+                logits[row] = 0.0
+                logits[row, token % logits.shape[-1]] = 1.0
+        return logits
+
+    monkeypatch.setattr(DeviceSpecStep, "load", recording_load)
+    monkeypatch.setattr(engine.runner.draft, "compute_logits", oracle_logits)
+
+    outputs = engine.generate(prompts, params, on_step=lambda e: e.block_manager.check_invariants())
+
+    engine.check_no_leaks()
+    assert outputs == reference, "the device loop changed the target's greedy tokens"
+    assert engine.device_loop.counts["device"] > 0, dict(engine.device_loop.counts)
+    spec = engine.stats.spec
+    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens, "expected accepted and rejected"
+    assert spec.accepted_per_position[k - 1] > 0, "no verification accepted all k (bonus)"
 
 
 def _check_bf16_verification(engines, pair, backend, engine, prompts, outputs) -> None:

@@ -40,7 +40,11 @@ from attngroup.kernels.backends.flashinfer_graph import FlashInferGraphWrapper
 from attngroup.kernels.metadata import CommonAttentionMetadata, cdiv
 from attngroup.kernels.ops.kv_cache_write import PADDING_SLOT
 from attngroup.kernels.step_metadata import StepMetadataBuilder
-from attngroup.reference_engine.engine.cuda_graphs.capture_plan import CapturePlan, StepKind
+from attngroup.reference_engine.engine.cuda_graphs.capture_plan import (
+    CapturePlan,
+    StepKind,
+    StepPlan,
+)
 from attngroup.reference_engine.engine.step_rows import StepRows
 from attngroup.reference_engine.models.common import ForwardContext
 
@@ -102,6 +106,18 @@ class CudaGraphReplay:
         self.graph.replay()
 
 
+def capture(fn: Callable[[], Outputs], device: torch.device) -> HostReplay | CudaGraphReplay:
+    """``fn`` as a CUDA graph on CUDA, else as its CPU stand-in."""
+    return CudaGraphReplay(fn, device) if device.type == "cuda" else HostReplay(fn)
+
+
+def plans_on_host(builder: Any) -> bool:
+    """Whether a group's metadata needs a plan made on the host from the step's lengths
+    (FlashInfer: a CUDA-graph wrapper planned before each replay); the rest read only
+    device buffers, so a captured pass can take its lengths from the pass before it."""
+    return isinstance(builder, FlashInferMetadataBuilder)
+
+
 class CapturedStep:
     """One step kind at one bucket: persistent buffers, the graph, and its replay."""
 
@@ -143,6 +159,10 @@ class CapturedStep:
             slot_mappings.update(
                 dict.fromkeys(group.layer_names, common[group.kv_cache_group].slot_mapping)
             )
+        self.common = (
+            common  # the captured metadata per KV-cache group (fill_on_device rewrites it)
+        )
+        self._offsets = torch.arange(query_len, device=device)
         ctx = ForwardContext(
             positions=self.positions,
             attn_metadata=attn_metadata,
@@ -154,13 +174,13 @@ class CapturedStep:
         def forward() -> Outputs:
             return model(self.input_ids, *self.extra, ctx)
 
-        replay_cls = CudaGraphReplay if device.type == "cuda" else None
-        self.graph = replay_cls(forward, device) if replay_cls else HostReplay(forward)
+        self.forward = forward  # the uncaptured pass, for a graph that captures more than it
+        self.graph = capture(forward, device)
 
     def _graph_builder(self, group: GraphGroup) -> Any:
         """What builds the group's metadata for this bucket: a FlashInfer CUDA-graph wrapper,
         or the group's own builder (Triton's metadata plans nothing)."""
-        if isinstance(group.builder, FlashInferMetadataBuilder):
+        if plans_on_host(group.builder):
             return FlashInferGraphWrapper(
                 group.builder,
                 num_reqs=self.bucket,
@@ -214,6 +234,37 @@ class CapturedStep:
         if rows.rope_positions is not None:
             real_tokens = self.num_real * self.query_len
             self.positions[:real_tokens].copy_(rows.rope_positions, non_blocking=True)
+
+    def fill_on_device(
+        self,
+        context_lens: torch.Tensor,
+        real: torch.Tensor,
+        tables: Mapping[int, torch.Tensor],
+        rope_positions: torch.Tensor | None = None,
+    ) -> None:
+        """Write the pass's metadata from device tensors alone (no host, no plan): what a
+        graph capturing this pass after the one that decides its lengths needs.
+
+        ``context_lens`` int64 [bucket]: tokens before each request's queries; ``real`` bool
+        [bucket]: False for padding rows, which get ``_fill``'s padding (query_len-long
+        sequences over the null block, padding slots); ``tables[g]`` int32 [bucket, width]
+        with zero rows for padding; ``rope_positions`` int64 [bucket] replaces the positions
+        of a one-token pass. Only for groups whose metadata plans nothing (``plans_on_host``)."""
+        bucket, query_len = self.bucket, self.query_len
+        positions = context_lens[:, None] + self._offsets  # [bucket, query_len]
+        seq_lens = torch.where(real, context_lens + query_len, query_len)
+        real_tokens = real[:, None].expand(bucket, query_len)
+        for index, g in enumerate(self.kv_groups):
+            common, block_size = self.common[g], self.context.block_sizes[g]
+            if index == 0:  # query_start_loc, seq_lens and positions are shared by every group
+                common.seq_lens.copy_(seq_lens)
+            common.block_table.copy_(tables[g])
+            columns = torch.clamp(positions // block_size, max=self.widths[g] - 1)
+            slots = tables[g].gather(1, columns).long() * block_size + positions % block_size
+            common.slot_mapping.copy_(torch.where(real_tokens, slots, PADDING_SLOT).view(-1))
+        if rope_positions is not None:
+            positions = rope_positions[:, None].expand(bucket, query_len)
+        self.positions.copy_(positions.reshape(-1))
 
     def replay(self, token_ids: torch.Tensor, extra_inputs: Sequence[torch.Tensor]) -> Outputs:
         """Copy the inputs in (device to device where they come from an earlier step), replay;
@@ -272,6 +323,23 @@ class GraphSteps:
         ):
             self.counts[label, "eager"] += 1
             return None
+        captured = self.captured_step(step, bucket, model, extra_inputs)
+        captured.fill(rows)
+
+        def replay(token_ids: torch.Tensor, extra: Sequence[torch.Tensor]) -> Outputs:
+            self.counts[label, "graph"] += 1
+            return captured.replay(token_ids, extra)
+
+        return replay
+
+    def captured_step(
+        self,
+        step: StepPlan,
+        bucket: int,
+        model: Callable[..., Outputs],
+        extra_inputs: Sequence[torch.Tensor] = (),
+    ) -> CapturedStep:
+        """The step kind's captured step at ``bucket``, captured on first use."""
         captured = self._captured.get((step.kind, bucket))
         if captured is None:
             captured = CapturedStep(
@@ -283,13 +351,7 @@ class GraphSteps:
                 extra_inputs=extra_inputs,
             )
             self._captured[step.kind, bucket] = captured
-        captured.fill(rows)
-
-        def replay(token_ids: torch.Tensor, extra: Sequence[torch.Tensor]) -> Outputs:
-            self.counts[label, "graph"] += 1
-            return captured.replay(token_ids, extra)
-
-        return replay
+        return captured
 
     def run(
         self,
