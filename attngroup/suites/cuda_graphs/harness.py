@@ -169,3 +169,22 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     if not (torch.isfinite(actual).all() and torch.isfinite(expected).all()):
         return float("inf")
     return float((actual - expected).norm() / expected.norm())
+
+
+def check_caches(twins: TwinRunners, before: dict, num_reqs: int, bound: float) -> None:
+    """Blocks no request owns (the null block 0 and the slots of absent requests) are as
+    poisoned, bit for bit; the owned blocks match the eager runner's."""
+    owned_end = 1 + num_reqs * BLOCKS_PER_REQUEST
+    for name in before:
+        key, value = twins.graph.kv_caches[name]
+        eager_key, eager_value = twins.eager.kv_caches[name]
+        for cache, eager_cache, poisoned in (
+            (key, eager_key, before[name][0]),
+            (value, eager_value, before[name][1]),
+        ):
+            cache = cache.cpu()
+            untouched = torch.cat([cache[:1], cache[owned_end:]])
+            expected = torch.cat([poisoned[:1], poisoned[owned_end:]])
+            assert torch.equal(untouched, expected), f"{name}: a block no request owns was written"
+            error = relative_error(cache[1:owned_end], eager_cache.cpu()[1:owned_end])
+            assert error <= bound, f"{name}: KV differs from eager by {error:.2e}"

@@ -22,12 +22,12 @@ from attngroup.kernels.backends.flashinfer_attn import FlashInferBackend
 from attngroup.reference_engine.engine.cuda_graphs.capture_plan import StepKind
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS
 from attngroup.suites.cuda_graphs.harness import (
-    BLOCKS_PER_REQUEST,
     DEVICE,
     ON_GPU,
     RTOL,
     K,
     TwinRunners,
+    check_caches,
     make_batch,
     make_twins,
     poison,
@@ -143,26 +143,7 @@ def test_replay_equals_eager(pair: str, backend: str, dtype: str, num_reqs: int,
         assert error <= bound, f"draft logits call {step_index}: {error:.2e}"
     if dtype == "fp32":
         assert results["graph"]["drafts"] == results["eager"]["drafts"]
-    _check_caches(twins, before, num_reqs, bound)
-
-
-def _check_caches(twins: TwinRunners, before: dict, num_reqs: int, bound: float) -> None:
-    """Blocks no request owns (the null block 0 and the slots of absent requests) are as
-    poisoned, bit for bit; the owned blocks match the eager runner's."""
-    owned_end = 1 + num_reqs * BLOCKS_PER_REQUEST
-    for name in before:
-        key, value = twins.graph.kv_caches[name]
-        eager_key, eager_value = twins.eager.kv_caches[name]
-        for cache, eager_cache, poisoned in (
-            (key, eager_key, before[name][0]),
-            (value, eager_value, before[name][1]),
-        ):
-            cache = cache.cpu()
-            untouched = torch.cat([cache[:1], cache[owned_end:]])
-            expected = torch.cat([poisoned[:1], poisoned[owned_end:]])
-            assert torch.equal(untouched, expected), f"{name}: a block no request owns was written"
-            error = relative_error(cache[1:owned_end], eager_cache.cpu()[1:owned_end])
-            assert error <= bound, f"{name}: KV differs from eager by {error:.2e}"
+    check_caches(twins, before, num_reqs, bound)
 
 
 @pytest.mark.parametrize(
