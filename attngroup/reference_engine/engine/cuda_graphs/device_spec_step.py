@@ -160,11 +160,17 @@ class DeviceSpecStep:
     def write_blocks(
         self, group: int, rows: list[int], columns: list[int], blocks: list[int]
     ) -> None:
-        """Blocks the host allocated since the last launch (run before the next one)."""
-        if rows:
-            self.tables[group][rows, columns] = torch.tensor(blocks, dtype=torch.int32).to(
-                self.device
-            )
+        """Blocks the host allocated since the last launch, written before the next one.
+
+        From pinned memory without waiting: a copy from pageable memory would hold the
+        host until the device reached it, i.e. until the step in flight ended."""
+        if not rows:
+            return
+        update = torch.tensor([rows, columns, blocks], dtype=torch.long)
+        if self.device.type == "cuda":
+            update = update.pin_memory()  # the caching host allocator keeps it until copied
+        update = update.to(self.device, non_blocking=True)
+        self.tables[group][update[0], update[1]] = update[2].to(torch.int32)
 
     @torch.inference_mode()
     def launch(self) -> SpecResult:
