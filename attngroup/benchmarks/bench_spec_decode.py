@@ -29,7 +29,8 @@ draft decode steps replayed per batch-size bucket), and names the metrics
 ``...k<K>.eager.<metric>`` and ``...k<K>.graph.<metric>``. On CUDA each mode then
 profiles ``--profile-steps`` more steps and adds ``kernel_ms``: the device time of
 every kernel and copy of a step (torch.profiler, summed, per step), the floor a
-host-bound step approaches; ``graph_over_kernels`` is the graph step's median over
+host-bound step approaches; ``device_span_ms`` (first kernel's start to last one's end:
+the kernels and the device's gaps between them) and ``kernels`` (how many); ``graph_over_kernels`` is the graph step's median over
 the eager step's kernel sum, ``graph_over_own_kernels`` over the graph step's own. In
 graph mode ``metadata_ms`` counts only the passes that still build eagerly (prefill and
 catch-up); a replay's in-place fill is part of ``draft_ms`` and ``verify_ms``. A greedy
@@ -299,9 +300,18 @@ def time_steps(engine: Any, args: argparse.Namespace) -> list[StepSample]:
         gc.enable()
 
 
-def kernel_ms_per_step(engine: Any, args: argparse.Namespace) -> list[float]:
-    """Device milliseconds of every kernel, copy and fill per step, over ``--profile-steps``
-    steps profiled with torch.profiler (CUDA graphs' kernels are reported one by one)."""
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One profiled step's device work: its kernels (and copies, fills)."""
+
+    kernel_ms: float  # their durations, summed
+    span_ms: float  # from the first one's start to the last one's end (gaps included)
+    count: int
+
+
+def device_profiles(engine: Any, args: argparse.Namespace) -> list[DeviceProfile]:
+    """Every kernel, copy and fill per step, over ``--profile-steps`` steps profiled with
+    torch.profiler (CUDA graphs' kernels are reported one by one)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -310,12 +320,18 @@ def kernel_ms_per_step(engine: Any, args: argparse.Namespace) -> list[float]:
     for _ in range(args.profile_steps):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             timed_step(engine, args.batch, args.num_spec_tokens, device)
-        device_us = sum(
-            event.device_time_total
-            for event in prof.events()
-            if event.device_type == torch.autograd.DeviceType.CUDA
+        events = [
+            event for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA
+        ]
+        start = min(event.time_range.start for event in events)
+        end = max(event.time_range.end for event in events)
+        per_step.append(
+            DeviceProfile(
+                kernel_ms=sum(event.device_time_total for event in events) / 1e3,
+                span_ms=(end - start) / 1e3,
+                count=len(events),
+            )
         )
-        per_step.append(device_us / 1e3)
     return per_step
 
 
@@ -388,9 +404,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             samples = time_steps(engine, args)
             mode_metrics = metrics_of(args, samples, mode)
             if mode is not None and torch.device(args.device).type == "cuda":
-                kernels = kernel_ms_per_step(engine, args)
-                name = f"{metric_prefix(args)}.{mode}.kernel_ms"
-                mode_metrics.append(Metric(name, statistics.median(kernels), "ms", kernels, False))
+                profiles = device_profiles(engine, args)
+                name = f"{metric_prefix(args)}.{mode}"
+                for suffix, unit, values in (
+                    ("kernel_ms", "ms", [p.kernel_ms for p in profiles]),
+                    ("device_span_ms", "ms", [p.span_ms for p in profiles]),
+                    ("kernels", "kernels", [float(p.count) for p in profiles]),
+                ):
+                    mode_metrics.append(
+                        Metric(f"{name}.{suffix}", statistics.median(values), unit, values, False)
+                    )
         except NotSteadyError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
