@@ -47,7 +47,10 @@ class TwinRunners:
         return (("eager", self.eager), ("graph", self.graph))
 
 
-def make_twins(pair: str, backend: str, dtype: str) -> TwinRunners:
+def make_twins(pair: str, backend: str, dtype: str, *, record_drafts: bool = True) -> TwinRunners:
+    """Eager and graph runners of one pair; ``record_drafts`` records every draft logits call
+    (on the host: not for a graph that captures the draft's lm-head itself)."""
+
     def runner(cuda_graph: bool) -> ModelRunner:
         return ModelRunner(
             get_model_pair(pair),
@@ -64,7 +67,7 @@ def make_twins(pair: str, backend: str, dtype: str) -> TwinRunners:
 
     twins = TwinRunners(eager=runner(False), graph=runner(True))
     for name, each in twins.both:
-        twins.draft_logits[name] = _record_draft_logits(each)
+        twins.draft_logits[name] = _record_draft_logits(each) if record_drafts else []
     return twins
 
 
