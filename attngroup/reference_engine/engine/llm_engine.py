@@ -11,6 +11,10 @@ One ``step()``:
 4. finished requests give all their blocks back; requests that sampled draft
    ``k`` tokens for the next step.
 
+With CUDA graphs, a greedy speculative batch the runner can keep on the device runs on
+``spec_decode.device_loop`` instead: one graph per step, the bookkeeping above done one
+step behind while the device computes; ``device_loop.counts`` says why other steps did not.
+
 Start-up builds the runner, whose grouping start-up raises the strict check's
 AssertionError under the LEGACY policy on a mixed pair.
 """
