@@ -19,6 +19,10 @@ on first use per ``capture_plan`` bucket. Each ``CapturedStep`` owns:
   gets a CUDA-graph wrapper per group and bucket (``flashinfer_graph``) planned by every
   fill with the step's real lengths.
 
+``fill_on_device`` writes the same buffers from device tensors alone, for a graph that
+captures a pass together with the one that decides its lengths
+(``device_spec_step``); ``captured_step`` hands such a graph the bucket's step.
+
 On the CPU there is no graph: ``HostReplay`` re-runs the captured callable, which reads
 only the persistent buffers, so CI exercises the fill-before-replay path and the padding.
 A batch that fits no captured bucket, mixes query lengths or outgrows the capacity runs
