@@ -17,6 +17,9 @@ kernel-complete; a state-layer pair's replay of the accepted tokens falls in
 the draft), ``metadata_ms`` (host time of the step's metadata builds, part of
 draft and verify), ``sampling_ms`` (rejection sampling and emission),
 ``step_ms`` (the whole ``LLMEngine.step``, synchronised on CUDA),
+``pipelined_step_ms`` (another ``--steps`` steps run back to back without that
+synchronisation: the time between consecutive steps' returns, what a serving loop sees
+when the engine launches a step before it reads the one before),
 ``tokens_per_s`` (tokens emitted in the step over its time) and
 ``accepted_length`` (tokens emitted per request). It prints medians with
 p10 / p90 and writes the metric list (``--json``), each metric's ``samples``
@@ -31,7 +34,8 @@ profiles ``--profile-steps`` more steps and adds ``kernel_ms``: the device time 
 every kernel and copy of a step (torch.profiler, summed, per step), the floor a
 host-bound step approaches; ``device_span_ms`` (first kernel's start to last one's end:
 the kernels and the device's gaps between them) and ``kernels`` (how many); ``graph_over_kernels`` is the graph step's median over
-the eager step's kernel sum, ``graph_over_own_kernels`` over the graph step's own. In
+the eager step's kernel sum, ``graph_over_own_kernels`` over the graph step's own, and
+``pipelined_over_own_kernels`` the graph mode's ``pipelined_step_ms`` over its own. In
 graph mode ``metadata_ms`` counts only the passes that still build eagerly (prefill and
 catch-up); a replay's in-place fill is part of ``draft_ms`` and ``verify_ms``. A greedy
 batch of the Gemma 4 assistant runs on the engine's device loop
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import math
 import os
 import statistics
@@ -107,8 +112,10 @@ def metric_prefix(args: argparse.Namespace) -> str:
 def max_tokens_for(args: argparse.Namespace) -> int:
     """Generated tokens a request may reach: enough that none finishes during the run."""
     # The prefill's sampled token, then at most k + 1 tokens per step: the steps that
-    # bring every request to drafting (up to 2), the warm-up and the timed steps.
-    return 1 + (args.warmup + args.steps + 2) * (args.num_spec_tokens + 1)
+    # bring every request to drafting (up to 2), the warm-up, the timed steps (synchronised
+    # and pipelined), the profiled ones and one launched ahead.
+    steps = 2 + args.warmup + 2 * args.steps + args.profile_steps + 1
+    return 1 + steps * (args.num_spec_tokens + 1)
 
 
 def num_blocks_for(args: argparse.Namespace, max_tokens: int) -> int:
@@ -238,8 +245,11 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_step(engine: Any, batch: int, k: int, device: torch.device) -> StepSample:
-    """One ``LLMEngine.step``, checked to be one speculative step of the whole batch."""
+def timed_step(
+    engine: Any, batch: int, k: int, device: torch.device, *, sync: bool = True
+) -> StepSample:
+    """One ``LLMEngine.step``, checked to be one speculative step of the whole batch;
+    ``sync``: its time includes waiting for all the device work it queued."""
     runner, stats = engine.runner.timings, engine.stats
     timings = stats.timings
     before = (
@@ -253,7 +263,8 @@ def timed_step(engine: Any, batch: int, k: int, device: torch.device) -> StepSam
     preemptions = engine.scheduler.num_preemptions
     started = time.perf_counter()
     finished = engine.step()
-    synchronize(device)
+    if sync:
+        synchronize(device)
     elapsed = time.perf_counter() - started
     verified = stats.spec.num_draft_tokens - drafts
     if finished or engine.scheduler.num_preemptions != preemptions or verified != batch * k:
@@ -298,6 +309,27 @@ def time_steps(engine: Any, args: argparse.Namespace) -> list[StepSample]:
         return [timed_step(engine, args.batch, k, device) for _ in range(args.steps)]
     finally:
         gc.enable()
+
+
+def time_pipelined(engine: Any, args: argparse.Namespace) -> list[float]:
+    """Milliseconds between consecutive returns of ``args.steps`` steps run back to back,
+    synchronised only before the first: an engine that queues a step before reading the
+    one before keeps the device fed, and this is the pace a serving loop gets from it."""
+    import torch
+
+    device = torch.device(args.device)
+    synchronize(device)
+    ends = [time.perf_counter()]
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(args.steps):
+            timed_step(engine, args.batch, args.num_spec_tokens, device, sync=False)
+            ends.append(time.perf_counter())
+    finally:
+        gc.enable()
+    synchronize(device)
+    return [1e3 * (end - start) for start, end in itertools.pairwise(ends)]
 
 
 @dataclass(frozen=True)
@@ -364,11 +396,14 @@ def graph_over_kernels(args: argparse.Namespace, metrics: Sequence[Metric]) -> l
     over the graph step's own (``graph_over_own_kernels``; target: <= 1.2)."""
     by_name = {metric.name: metric for metric in metrics}
     prefix = metric_prefix(args)
-    steps = by_name[f"{prefix}.graph.step_ms"].samples
     ratios = []
-    for name, mode in (("graph_over_kernels", "eager"), ("graph_over_own_kernels", "graph")):
+    for name, step, mode in (
+        ("graph_over_kernels", "step_ms", "eager"),
+        ("graph_over_own_kernels", "step_ms", "graph"),
+        ("pipelined_over_own_kernels", "pipelined_step_ms", "graph"),
+    ):
         kernels = by_name[f"{prefix}.{mode}.kernel_ms"].value
-        each = [step / kernels for step in steps]
+        each = [ms / kernels for ms in by_name[f"{prefix}.graph.{step}"].samples]
         ratios.append(Metric(f"{prefix}.{name}", statistics.median(each), "x", each, False))
     return ratios
 
@@ -403,6 +438,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             samples = time_steps(engine, args)
             mode_metrics = metrics_of(args, samples, mode)
+            pipelined = time_pipelined(engine, args)
+            mode_metrics.append(
+                Metric(
+                    f"{metric_prefix(args)}{f'.{mode}' if mode else ''}.pipelined_step_ms",
+                    statistics.median(pipelined),
+                    "ms",
+                    pipelined,
+                    False,
+                )
+            )
             if mode is not None and torch.device(args.device).type == "cuda":
                 profiles = device_profiles(engine, args)
                 name = f"{metric_prefix(args)}.{mode}"

@@ -30,7 +30,9 @@ from attngroup.reference_engine.models.common import (
     RotaryEmbedding,
     activation,
     default_inv_freq,
+    distinct_rotaries,
     proportional_inv_freq,
+    with_rotary_tables,
 )
 from attngroup.reference_engine.models.parallel import SINGLE, TensorParallel
 
@@ -78,7 +80,7 @@ class Gemma4Attention(AttentionProjections):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         tokens = x.shape[0]
         q = self.rotary(
-            self.q_norm(self.q_proj(x).view(tokens, self.num_heads, self.head_dim)), ctx.positions
+            self.q_norm(self.q_proj(x).view(tokens, self.num_heads, self.head_dim)), ctx
         )
         k = v = None
         if not self.kv_shared:
@@ -88,7 +90,7 @@ class Gemma4Attention(AttentionProjections):
                 if self.v_proj is None
                 else self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
             )
-            k = self.rotary(self.k_norm(k_raw), ctx.positions)
+            k = self.rotary(self.k_norm(k_raw), ctx)
             v = self.v_norm(v_raw)
         return self.tp.all_reduce(self.o_proj(self.attn(q, k, v, ctx).reshape(tokens, -1)))
 
@@ -171,11 +173,13 @@ class Gemma4Stack(nn.Module):
             )
             for i in range(config.num_hidden_layers)
         )
+        self.rotaries = distinct_rotaries(self.layers)  # not submodules: the layers own them
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def run_layers(
         self, x: torch.Tensor, per_layer_inputs: torch.Tensor | None, ctx: ForwardContext
     ) -> torch.Tensor:
+        ctx = with_rotary_tables(ctx, self.rotaries, x.dtype)
         for index, layer in enumerate(self.layers):
             x = layer(x, None if per_layer_inputs is None else per_layer_inputs[:, index], ctx)
         return x

@@ -78,7 +78,7 @@ class DenseAttention(AttentionProjections):
         v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(q, ctx.positions), self.rotary(k, ctx.positions)
+        q, k = self.rotary(q, ctx), self.rotary(k, ctx)
         return self.tp.all_reduce(self.o_proj(self.attn(q, k, v, ctx).reshape(tokens, -1)))
 
 

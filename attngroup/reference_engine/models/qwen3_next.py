@@ -65,10 +65,9 @@ class GatedAttention(AttentionProjections):
         query, gate = torch.chunk(
             self.q_proj(x).view(tokens, self.num_heads, 2 * self.head_dim), 2, dim=-1
         )
-        q = self.rotary(self.q_norm(query), ctx.positions)
+        q = self.rotary(self.q_norm(query), ctx)
         k = self.rotary(
-            self.k_norm(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)),
-            ctx.positions,
+            self.k_norm(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)), ctx
         )
         v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         out = self.attn(q, k, v, ctx).reshape(tokens, -1) * torch.sigmoid(gate.reshape(tokens, -1))

@@ -76,6 +76,7 @@ class DenseContext:
     kv_source: dict[str, str]  # KV-sharing layer -> the layer owning the cache it reads
     keys: dict[str, torch.Tensor] = field(default_factory=dict)
     values: dict[str, torch.Tensor] = field(default_factory=dict)
+    rotary_tables: dict = field(default_factory=dict)  # ForwardContext's, made by the stack
 
 
 def dense_attention(
