@@ -204,7 +204,13 @@ def test_a_draft_only_line_of_this_repository_puts_the_spec_decode_steps_first(t
         cwd=repo,
         capture_output=True,
         text=True,
-        env={**os.environ, "COVERAGE_FILE": str(data), "PYTHONPATH": str(repo)},
+        # The copy first, then whatever the caller's path holds: on the GPU machine that is
+        # where the test dependencies and this project's pytest plugin entry point are.
+        env={
+            **os.environ,
+            "COVERAGE_FILE": str(data),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+        },
         check=False,
     )
     assert recorded.returncode == 0, recorded.stdout + recorded.stderr
