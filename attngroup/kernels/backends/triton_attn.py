@@ -4,9 +4,11 @@ The builder owns the one piece of head-sized state, the split-KV (3D) scratch
 ``[rows, num_heads_q, num_segments, next_pow2(head_size)]``, sized like vLLM
 0.34's ``TritonAttentionMetadataBuilder``: ``rows = min(seq_threshold_3d,
 max_num_seqs) * min(max_query_len, 8)`` with ``seq_threshold_3d = 128 //
-num_kv_heads`` and 16 segments. The kernel launcher refuses a scratch whose
-head count or rows do not fit the launch (``ScratchTooSmallError``), so a
-builder shared by layers of different head counts fails loudly on the 3D path.
+num_kv_heads`` and 16 segments. A query longer than ``min(max_query_len, 8)`` (a
+short prefill chunk) runs 2D, so the rows hold every split-KV launch. The kernel
+launcher refuses a scratch whose head count or rows do not fit the launch
+(``ScratchTooSmallError``), so a builder shared by layers of different head counts
+fails loudly on the 3D path.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class TritonAttentionMetadata:
     common: CommonAttentionMetadata
     scratch: SplitKVScratch
     seq_threshold_3d: int
+    max_3d_query_len: int  # the longest query the scratch rows hold; longer ones run 2D
 
 
 class TritonAttentionMetadataBuilder(AttentionMetadataBuilder):
@@ -53,16 +56,18 @@ class TritonAttentionMetadataBuilder(AttentionMetadataBuilder):
     ) -> None:
         super().__init__(kv_cache_spec, layers, device, **options)
         self.seq_threshold_3d = max(1, MIN_LAUNCH_GRID_SIZE_2D // self.num_heads_kv)
-        rows = min(self.seq_threshold_3d, self.max_num_seqs) * min(
-            self.max_query_len, MAX_3D_QUERY_LEN
-        )
+        self.max_3d_query_len = min(self.max_query_len, MAX_3D_QUERY_LEN)
+        rows = min(self.seq_threshold_3d, self.max_num_seqs) * self.max_3d_query_len
         self.scratch = SplitKVScratch.allocate(
             rows, self.num_heads_q, DEFAULT_NUM_SEGMENTS, self.head_size, self.device
         )
 
     def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
         return TritonAttentionMetadata(
-            common=common, scratch=self.scratch, seq_threshold_3d=self.seq_threshold_3d
+            common=common,
+            scratch=self.scratch,
+            seq_threshold_3d=self.seq_threshold_3d,
+            max_3d_query_len=self.max_3d_query_len,
         )
 
     def describe(self) -> dict:
@@ -108,6 +113,7 @@ class TritonAttentionImpl(AttentionImpl):
             logits_soft_cap=self.layer.logits_soft_cap,
             scratch=metadata.scratch,
             seq_threshold_3d=metadata.seq_threshold_3d,
+            max_3d_query_len=metadata.max_3d_query_len,
         )
         return output
 

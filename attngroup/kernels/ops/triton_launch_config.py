@@ -214,24 +214,26 @@ def select_path(
     has_scratch: bool,
     path: Literal["auto", "2d", "3d"] = "auto",
     seq_threshold_3d: int | None = None,
+    max_3d_query_len: int = MAX_3D_QUERY_LEN,
 ) -> LaunchKind:
     """2D or split-KV 3D for this batch.
 
-    "auto" picks 3D when scratch is given, ``max_query_len <= MAX_3D_QUERY_LEN`` (decode and
-    short verify; vLLM takes 3D for decode only) and the 2D grid would be small:
-    ``num_seqs * cdiv(max_query_len, block_q) <= seq_threshold_3d`` (default
+    "auto" picks 3D when scratch is given, ``max_query_len <= max_3d_query_len`` (decode and
+    short verify; vLLM takes 3D for decode only; a builder passes the longest query its
+    scratch rows were sized for, so a short prefill chunk runs 2D) and the 2D grid would be
+    small: ``num_seqs * cdiv(max_query_len, block_q) <= seq_threshold_3d`` (default
     ``128 // num_kv_heads``). "3d" forces split-KV and raises where it cannot run.
     """
     if path == "2d":
         return "2d"
     if path not in ("auto", "3d"):
         raise ValueError(f"path must be 'auto', '2d' or '3d'; got {path!r}")
-    allowed = has_scratch and max_query_len <= MAX_3D_QUERY_LEN
+    allowed = has_scratch and max_query_len <= min(max_3d_query_len, MAX_3D_QUERY_LEN)
     if path == "3d":
         if not allowed:
             raise ValueError(
                 "path='3d' needs split-KV scratch and max_query_len <= "
-                f"{MAX_3D_QUERY_LEN}; got scratch={'yes' if has_scratch else 'none'}, "
+                f"{min(max_3d_query_len, MAX_3D_QUERY_LEN)}; got scratch={'yes' if has_scratch else 'none'}, "
                 f"max_query_len={max_query_len}"
             )
         return "3d"

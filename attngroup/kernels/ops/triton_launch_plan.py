@@ -28,6 +28,7 @@ from attngroup.kernels.ops.split_kv_scratch import ScratchNeeds, SplitKVScratch,
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     INTERPRETED,
+    MAX_3D_QUERY_LEN,
     LaunchConfig,
     LaunchKind,
     choose_launch_config,
@@ -131,6 +132,7 @@ def plan_launch(
     logits_soft_cap: float | None = None,
     path: Literal["auto", "2d", "3d"] = "auto",
     seq_threshold_3d: int | None = None,
+    max_3d_query_len: int = MAX_3D_QUERY_LEN,
     config: LaunchConfig | None = None,
 ) -> LaunchPlan | None:
     """The launch of one ``unified_attention`` call, or None when the batch has no tokens.
@@ -177,6 +179,7 @@ def plan_launch(
         has_scratch=scratch is not None,
         path=path,
         seq_threshold_3d=seq_threshold_3d,
+        max_3d_query_len=max_3d_query_len,
     )
     fill_waves = config is None or config.num_segments is None
     config = config or _heuristic_config(call, chosen)

@@ -52,7 +52,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
-from attngroup.kernels.ops.triton_launch_config import LaunchConfig
+from attngroup.kernels.ops.triton_launch_config import MAX_3D_QUERY_LEN, LaunchConfig
 from attngroup.kernels.ops.triton_launch_plan import AttentionTensors, LaunchPlan, plan_launch
 from attngroup.kernels.ops.triton_occupancy import measure_wave_slots
 
@@ -74,6 +74,7 @@ def unified_attention(
     scratch: SplitKVScratch | None = None,
     path: Literal["auto", "2d", "3d"] = "auto",
     seq_threshold_3d: int | None = None,
+    max_3d_query_len: int = MAX_3D_QUERY_LEN,
     config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """Paged attention of ``query`` [num_tokens, num_heads_q, head_size] into ``output``.
@@ -96,6 +97,7 @@ def unified_attention(
         logits_soft_cap=logits_soft_cap,
         path=path,
         seq_threshold_3d=seq_threshold_3d,
+        max_3d_query_len=max_3d_query_len,
         config=config,
     )
     if plan is not None:

@@ -32,7 +32,12 @@ from attngroup.suites.kernels.backend_harness import (
     poisoned_like,
     run_layer,
 )
-from attngroup.suites.kernels.batches import BatchSpec, make_paged_batch
+from attngroup.suites.kernels.batches import (
+    RELATIVE_ERROR_BOUND,
+    BatchSpec,
+    make_paged_batch,
+    relative_error,
+)
 
 pytestmark = pytest.mark.kernels
 
@@ -211,6 +216,30 @@ def test_triton_launch_with_too_small_scratch_raises() -> None:
     with pytest.raises(ScratchTooSmallError, match="rows: scratch 2, needed 3 tokens"):
         run_layer("triton", builder, layer, batch, common_metadata(batch, 16), output)
     assert output.isnan().all(), "a refused launch wrote output"
+
+
+def test_triton_short_prefill_past_the_builders_query_length_runs_2d() -> None:
+    """A prefill chunk of 8 tokens per request, longer than the engine's ``k + 1`` the scratch
+    rows were sized for, would fit the split-KV path's query bound; it must run 2D and match
+    the oracle, not overflow the scratch (the engine with short prompts did)."""
+    layer = AttentionLayerParams("layers.0.attn", 8, 1, 64, sm_scale=0.125)
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    builder = TritonAttentionMetadataBuilder(spec, [layer], "cpu", max_num_seqs=2, max_query_len=4)
+    batch = make_paged_batch(
+        BatchSpec.prefill(8, 8),
+        num_heads_q=8,
+        num_kv_heads=1,
+        head_size=64,
+        block_size=16,
+        dtype=torch.float32,
+    )
+    assert builder.scratch.rows < batch.spec.num_tokens  # what the split-KV path would need
+    output = poisoned_like(batch.query)
+    run_layer("triton", builder, layer, batch, common_metadata(batch, 16), output)
+    assert not output.isnan().any(), "rows left unwritten"
+    assert (
+        relative_error(output, batch.oracle(sm_scale=0.125)) < RELATIVE_ERROR_BOUND[torch.float32]
+    )
 
 
 def test_triton_builder_reuses_its_scratch() -> None:
