@@ -132,7 +132,10 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, inv_freq: torch.Tensor) -> None:
         super().__init__()
         self.rotary_dim = 2 * inv_freq.shape[0]
-        self.frequencies = tuple(inv_freq.tolist())  # equal sets share their tables
+        self.frequencies = tuple(inv_freq.tolist())
+        # The index of its frequency set in the stack that shares tables (``distinct_rotaries``):
+        # a cheap key on the per-layer path, where hashing the frequencies would not be.
+        self.table_key: int | None = None
         self.register_buffer("signed_freq", torch.cat([-inv_freq, inv_freq]), persistent=False)
 
     def tables(
@@ -144,7 +147,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """x [tokens, heads, head_dim] at ``ctx.positions``."""
-        cos, sin = ctx.rotary_tables.get((self.frequencies, x.dtype)) or self.tables(
+        cos, sin = ctx.rotary_tables.get((self.table_key, x.dtype)) or self.tables(
             ctx.positions, x.dtype
         )
         if self.rotary_dim == x.shape[-1]:
@@ -154,13 +157,21 @@ class RotaryEmbedding(nn.Module):
         return torch.cat([rotated, passed], dim=-1)
 
 
-RotaryKey = tuple[tuple[float, ...], torch.dtype]
+RotaryKey = tuple[int | None, torch.dtype]
 
 
 def distinct_rotaries(layers: nn.Module) -> tuple[RotaryEmbedding, ...]:
-    """One rotary embedding per frequency set among ``layers``' modules."""
-    found = {m.frequencies: m for m in layers.modules() if isinstance(m, RotaryEmbedding)}
-    return tuple(found.values())
+    """One rotary embedding per frequency set among ``layers``' modules; every module gets
+    its set's index as ``table_key``, so equal sets share one table."""
+    keys: dict[tuple[float, ...], int] = {}
+    shared: list[RotaryEmbedding] = []
+    for module in layers.modules():
+        if isinstance(module, RotaryEmbedding):
+            if module.frequencies not in keys:
+                keys[module.frequencies] = len(shared)
+                shared.append(module)
+            module.table_key = keys[module.frequencies]
+    return tuple(shared)
 
 
 def with_rotary_tables(
@@ -168,7 +179,7 @@ def with_rotary_tables(
 ) -> ForwardContext:
     """``ctx`` with fresh cos/sin tables of its positions for each of ``rotaries``: made
     inside the forward, so a captured graph recomputes them on every replay."""
-    tables = {(r.frequencies, dtype): r.tables(ctx.positions, dtype) for r in rotaries}
+    tables = {(r.table_key, dtype): r.tables(ctx.positions, dtype) for r in rotaries}
     return replace(ctx, rotary_tables=tables)
 
 
