@@ -26,12 +26,17 @@ MIXED_HEADS_MESSAGE = (
 
 
 class KVCacheGeometry(Protocol):
-    """What a builder needs to know of the paged KV cache it reads."""
+    """What a builder needs to know of the paged KV cache it reads (read-only, so a frozen
+    spec satisfies it)."""
 
-    block_size: int
-    num_kv_heads: int
-    head_size: int
-    dtype: torch.dtype
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_size(self) -> int: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
 
 
 @dataclass(frozen=True)

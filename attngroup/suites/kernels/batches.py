@@ -12,6 +12,7 @@ its output into NaN.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import pytest
 import torch
@@ -24,6 +25,15 @@ gpu_only = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device (bf16 and large shapes run on GPU)"
 )
 """Skip marker for GPU-only cases; use together with ``pytest.mark.gpu``."""
+
+
+class BatchMetadata(TypedDict):
+    """A batch's description as keyword arguments: typed per key, so mypy checks each one
+    against the kernel's and the oracle's parameters when it is unpacked."""
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,7 @@ class PagedBatch:
     def head_size(self) -> int:
         return self.query.shape[2]
 
-    def metadata(self) -> dict[str, torch.Tensor]:
+    def metadata(self) -> BatchMetadata:
         """The batch-description keyword arguments shared by the oracle and the kernels."""
         return {
             "query_start_loc": self.query_start_loc,
