@@ -35,6 +35,7 @@ from attngroup.suites.kernels.backend_harness import (
 from attngroup.suites.kernels.batches import (
     RELATIVE_ERROR_BOUND,
     BatchSpec,
+    PagedBatch,
     make_paged_batch,
     relative_error,
 )
@@ -199,18 +200,31 @@ def test_builder_refuses_mixed_heads(backend_name: str, layer_type: str) -> None
     assert str(raised.value) == expected
 
 
-def test_triton_launch_with_too_small_scratch_raises() -> None:
-    """More decode tokens than the scratch has rows: refused, output untouched."""
-    layer = AttentionLayerParams("layers.0.attn", 8, 1, 64, sm_scale=0.125)
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
-    builder = TritonAttentionMetadataBuilder(spec, [layer], "cpu", max_num_seqs=2, max_query_len=1)
+def one_kv_head_case(
+    batch_spec: BatchSpec, num_heads_q: int, head_size: int, **builder_options: int
+) -> tuple[AttentionLayerParams, TritonAttentionMetadataBuilder, PagedBatch]:
+    """A Triton layer of ``num_heads_q`` query heads over one KV head (page 16, fp32), its
+    builder on the CPU and a random batch for it."""
+    layer = AttentionLayerParams("layers.0.attn", num_heads_q, 1, head_size, sm_scale=0.125)
+    spec = FullAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=head_size, dtype=torch.float32
+    )
+    builder = TritonAttentionMetadataBuilder(spec, [layer], torch.device("cpu"), **builder_options)
     batch = make_paged_batch(
-        BatchSpec.decode(20, 33, 7),
-        num_heads_q=8,
+        batch_spec,
+        num_heads_q=num_heads_q,
         num_kv_heads=1,
-        head_size=64,
+        head_size=head_size,
         block_size=16,
         dtype=torch.float32,
+    )
+    return layer, builder, batch
+
+
+def test_triton_launch_with_too_small_scratch_raises() -> None:
+    """More decode tokens than the scratch has rows: refused, output untouched."""
+    layer, builder, batch = one_kv_head_case(
+        BatchSpec.decode(20, 33, 7), 8, 64, max_num_seqs=2, max_query_len=1
     )
     output = poisoned_like(batch.query)
     with pytest.raises(ScratchTooSmallError, match="rows: scratch 2, needed 3 tokens"):
@@ -222,39 +236,20 @@ def test_triton_short_prefill_past_the_builders_query_length_runs_2d() -> None:
     """A prefill chunk of 8 tokens per request, longer than the engine's ``k + 1`` the scratch
     rows were sized for, would fit the split-KV path's query bound; it must run 2D and match
     the oracle, not overflow the scratch (the engine with short prompts did)."""
-    layer = AttentionLayerParams("layers.0.attn", 8, 1, 64, sm_scale=0.125)
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
-    builder = TritonAttentionMetadataBuilder(spec, [layer], "cpu", max_num_seqs=2, max_query_len=4)
-    batch = make_paged_batch(
-        BatchSpec.prefill(8, 8),
-        num_heads_q=8,
-        num_kv_heads=1,
-        head_size=64,
-        block_size=16,
-        dtype=torch.float32,
+    layer, builder, batch = one_kv_head_case(
+        BatchSpec.prefill(8, 8), 8, 64, max_num_seqs=2, max_query_len=4
     )
     assert builder.scratch.rows < batch.spec.num_tokens  # what the split-KV path would need
     output = poisoned_like(batch.query)
     run_layer("triton", builder, layer, batch, common_metadata(batch, 16), output)
     assert not output.isnan().any(), "rows left unwritten"
-    assert (
-        relative_error(output, batch.oracle(sm_scale=0.125)) < RELATIVE_ERROR_BOUND[torch.float32]
-    )
+    expected = batch.oracle(sm_scale=layer.sm_scale)
+    assert relative_error(output, expected) < RELATIVE_ERROR_BOUND[torch.float32]
 
 
 def test_triton_builder_reuses_its_scratch() -> None:
     """``build`` hands out the builder's persistent scratch: no allocation per step."""
-    layer = AttentionLayerParams("layers.0.attn", 4, 1, 32, sm_scale=0.2)
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=32, dtype=torch.float32)
-    builder = TritonAttentionMetadataBuilder(spec, [layer], "cpu", max_num_seqs=2)
-    batch = make_paged_batch(
-        BatchSpec.decode(20, 9),
-        num_heads_q=4,
-        num_kv_heads=1,
-        head_size=32,
-        block_size=16,
-        dtype=torch.float32,
-    )
+    _, builder, batch = one_kv_head_case(BatchSpec.decode(20, 9), 4, 32, max_num_seqs=2)
     common = common_metadata(batch, 16)
     assert builder.build(common).scratch is builder.build(common).scratch is builder.scratch
 
