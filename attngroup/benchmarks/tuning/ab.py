@@ -85,7 +85,7 @@ VARIANTS = (
             {"tma_kv": True, "prefetch_block_table": True, "num_stages": stages},
             tile_divisor=4,
         )
-        for stages in (3, 4)
+        for stages in (3, 4, 6)
     ),
 )
 WORST_CASES = (
