@@ -49,7 +49,8 @@ TUNED_BANDWIDTH_OPTIONS: dict[tuple[int, bool, int | None], dict[str, Any]] = {
 (padded head size, more than one query token per request, group size or None for any), where
 a same-process A/B on the H200 (``attngroup.benchmarks.tuning.ab``) found a variant faster on
 every measured case of that key; an entry for one group size wins over the one for any
-(``tuned_options``); other keys keep the heuristic. Head 256, one token (decode, draft):
+(``tuned_options``); other keys keep the heuristic, and ``TUNED_TMA_OPTIONS`` replaces an
+entry where tensor descriptors can read the cache. Head 256, one token (decode, draft):
 32-key tiles, block numbers read one tile ahead and three stages, which lets Triton's
 pipeliner double-buffer K and V in the shared memory one 64-key tile took (e2b decode 145.7
 against 148.5 us, e4b decode 265.5 against 267.6;
@@ -58,14 +59,58 @@ query heads per KV head (the e4b draft): three stages, 236 registers per thread 
 (525.6 against 553.4 us at 16 x 32k, 527.3 against 556.3 at 64 x 8k); at four or eight query
 heads per KV head three stages reach 255 registers and run 4-6 % slower (e2b draft 295.9
 against 283.5 us, e4b decode 566.6 against 534.5, e2b decode 294.3 against 277.0;
-``h200-2026-12-04-tma-ab.txt``). Nothing measured faster for verify (same files)."""
+``h200-2026-12-04-tma-ab.txt``). With pointer loads nothing measured faster for verify (same
+files)."""
 
 
-def tuned_options(head_size_padded: int, several_tokens: bool, group_size: int) -> dict[str, Any]:
-    """The ``TUNED_BANDWIDTH_OPTIONS`` entry for a bandwidth-bound launch: the group size's own
-    entry, else the one for any group size, else none."""
-    general = TUNED_BANDWIDTH_OPTIONS.get((head_size_padded, several_tokens, None), {})
-    return TUNED_BANDWIDTH_OPTIONS.get((head_size_padded, several_tokens, group_size), general)
+TUNED_TMA_OPTIONS: dict[tuple[int, bool, int | None], dict[str, Any]] = {
+    (256, several_tokens, None): {
+        "tile_size": 16,
+        "num_warps": 4,
+        "num_stages": 3,
+        "value_splits": 1,
+        "prefetch_block_table": True,
+        "tma_kv": True,
+    }
+    for several_tokens in (False, True)
+}
+"""Entries keyed as ``TUNED_BANDWIDTH_OPTIONS`` that replace its entry for a cache whose pages
+tensor descriptors can load one per tile (the tile is the page: the entry applies when the
+page size equals its ``tile_size``; ``triton_launch_plan`` checks the layout). Head 256,
+decode, draft and verify: K and V fetched by the tensor-memory accelerator one 16-key page at a
+time, the page numbers read one tile ahead and three stages, so Triton's pipeliner keeps two
+pages of K and V in flight in 40-49 KiB of shared memory where the pointer loads took 73-84 KiB
+for one buffer. Same-process A/B on the H200 (``attngroup.benchmarks.tuning.ab``,
+``attngroup/benchmarks/results/h200-2026-12-04-tma-prefetch-ab.txt``), against the launcher's
+choice of the time: e2b verify 149.7 against 166.6 us at 64 x 8k and 150.1 against 167.4 at
+16 x 32k, e4b verify 270.2 against 276.9 and 261.7 against 268.2, e2b decode 142.2 against
+147.3, e4b decode 263.7 against 270.4; four and six stages were slower than three on every case."""
+
+
+def _table_entry(
+    table: dict[tuple[int, bool, int | None], dict[str, Any]],
+    head_size_padded: int,
+    several_tokens: bool,
+    group_size: int,
+) -> dict[str, Any]:
+    """A table's entry for the group size, else its entry for any group size, else none."""
+    general = table.get((head_size_padded, several_tokens, None), {})
+    return table.get((head_size_padded, several_tokens, group_size), general)
+
+
+def tuned_options(
+    head_size_padded: int,
+    several_tokens: bool,
+    group_size: int,
+    tma_page_size: int | None = None,
+) -> dict[str, Any]:
+    """The tuned options of a bandwidth-bound launch: the ``TUNED_TMA_OPTIONS`` entry when the
+    cache's pages (``tma_page_size``, None when tensor descriptors cannot read the cache) are
+    its tiles, else the ``TUNED_BANDWIDTH_OPTIONS`` entry, else none."""
+    tma = _table_entry(TUNED_TMA_OPTIONS, head_size_padded, several_tokens, group_size)
+    if tma and tma["tile_size"] == tma_page_size:
+        return tma
+    return _table_entry(TUNED_BANDWIDTH_OPTIONS, head_size_padded, several_tokens, group_size)
 
 
 # The interpreter runs tl.dot through numpy, which mishandles bfloat16: operands are upcast to
@@ -149,13 +194,15 @@ def choose_launch_config(
     path: LaunchKind,
     max_segments: int = DEFAULT_NUM_SEGMENTS,
     wave_slots: int = H200_WAVE_SLOTS,
+    tma_page_size: int | None = None,
 ) -> LaunchConfig:
     """The heuristic launch parameters.
 
     Decode and short verify are bandwidth-bound: 32 KiB of K and V per tile at head <= 256,
     two pipeline stages (measured on the H200). Prefill is compute-bound: wider q-blocks. Split-KV
     fills whole waves of ``wave_slots`` resident programs (``split_kv_segments``);
-    ``plan_launch`` asks its probe for them.
+    ``plan_launch`` asks its probe for them. ``tma_page_size``: the cache's page size when
+    tensor descriptors can load its pages (``plan_launch`` checks the layout), else None.
     """
     group_size = num_heads_q // num_kv_heads
     head_size_padded = dot_head_size(head_size)
@@ -173,7 +220,10 @@ def choose_launch_config(
     merge_heads = next_power_of_2(num_heads_q) if INTERPRETED else 1
     config = LaunchConfig(block_m, tile_size, num_warps, 2, 1, merge_heads)
     if bandwidth_bound:
-        config = replace(config, **tuned_options(head_size_padded, max_query_len > 1, group_size))
+        config = replace(
+            config,
+            **tuned_options(head_size_padded, max_query_len > 1, group_size, tma_page_size),
+        )
     if path == "3d":
         block_q = config.block_q(group_size)
         num_segments = split_kv_segments(

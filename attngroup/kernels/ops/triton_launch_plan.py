@@ -227,6 +227,7 @@ def _is_constexpr(annotation: object) -> bool:
 
 
 def _heuristic_config(call: _Call, path: LaunchKind) -> LaunchConfig:
+    tma_readable = _tma_refusal(call, call.block_size) is None
     return choose_launch_config(
         num_heads_q=call.num_heads_q,
         num_kv_heads=call.num_kv_heads,
@@ -236,6 +237,7 @@ def _heuristic_config(call: _Call, path: LaunchKind) -> LaunchConfig:
         max_seq_len=call.max_seq_len,
         path=path,
         max_segments=call.scratch_segments,
+        tma_page_size=call.block_size if tma_readable else None,
     )
 
 
@@ -259,8 +261,8 @@ def _assemble(call: _Call, path: LaunchKind, config: LaunchConfig) -> LaunchPlan
             f"value_splits {config.value_splits} leaves {value_width} columns of the "
             f"{dot_head_size(call.head_size)}-wide head per program; tl.dot needs >= 16"
         )
-    if config.tma_kv:
-        _check_tma(call, config)
+    if config.tma_kv and (refusal := _tma_refusal(call, config.tile_size)) is not None:
+        raise ValueError(refusal)
     split_kv = path == "3d"
     block_q = config.block_q(call.group_size)
     q_blocks_per_seq = cdiv(call.max_query_len, block_q)
@@ -327,19 +329,18 @@ def _attention_constexprs(
     )
 
 
-def _check_tma(call: _Call, config: LaunchConfig) -> None:
-    """What tensor-descriptor loads of K and V need: one page per tile; a power-of-two head
-    size with the heads of a slot side by side (the descriptor sees a slot's heads as one row,
-    a head as a box of it); strides of multiples of 16 bytes (the descriptor's rule)."""
+def _tma_refusal(call: _Call, tile_size: int) -> str | None:
+    """Why tensor-descriptor loads of K and V cannot read this call's caches in tiles of
+    ``tile_size`` keys, or None. They need one page per tile; a power-of-two head size with
+    the heads of a slot side by side (the descriptor sees a slot's heads as one row, a head as
+    a box of it); strides of multiples of 16 bytes (the descriptor's rule)."""
     if call.head_size != dot_head_size(call.head_size):
-        raise ValueError(f"tma_kv needs a power-of-two head size >= 16; got {call.head_size}")
+        return f"tma_kv needs a power-of-two head size >= 16; got {call.head_size}"
     if any(strides[2] != call.head_size for strides in call.cache_strides):
-        raise ValueError(
-            f"tma_kv needs the heads of a cache slot side by side; strides {call.cache_strides}"
-        )
-    if config.tile_size != call.block_size:
-        raise ValueError(
-            f"tma_kv loads one page per tile: tile_size {config.tile_size} must equal the "
+        return f"tma_kv needs the heads of a cache slot side by side; strides {call.cache_strides}"
+    if tile_size != call.block_size:
+        return (
+            f"tma_kv loads one page per tile: tile_size {tile_size} must equal the "
             f"cache's block size {call.block_size}"
         )
     if any(
@@ -347,9 +348,8 @@ def _check_tma(call: _Call, config: LaunchConfig) -> None:
         for strides in call.cache_strides
         for stride in strides[:-1]
     ):
-        raise ValueError(
-            f"tma_kv needs cache strides of multiples of 16 bytes; got {call.cache_strides}"
-        )
+        return f"tma_kv needs cache strides of multiples of 16 bytes; got {call.cache_strides}"
+    return None
 
 
 def _merge_launch(call: _Call, config: LaunchConfig) -> KernelLaunch:

@@ -201,15 +201,19 @@ def test_builder_refuses_mixed_heads(backend_name: str, layer_type: str) -> None
 
 
 def one_kv_head_case(
-    batch_spec: BatchSpec, num_heads_q: int, head_size: int, **builder_options: int
+    batch_spec: BatchSpec,
+    num_heads_q: int,
+    head_size: int,
+    device: torch.device,
+    **builder_options: int,
 ) -> tuple[AttentionLayerParams, TritonAttentionMetadataBuilder, PagedBatch]:
     """A Triton layer of ``num_heads_q`` query heads over one KV head (page 16, fp32), its
-    builder on the CPU and a random batch for it."""
+    builder and a random batch for it on ``device``."""
     layer = AttentionLayerParams("layers.0.attn", num_heads_q, 1, head_size, sm_scale=0.125)
     spec = FullAttentionSpec(
         block_size=16, num_kv_heads=1, head_size=head_size, dtype=torch.float32
     )
-    builder = TritonAttentionMetadataBuilder(spec, [layer], torch.device("cpu"), **builder_options)
+    builder = TritonAttentionMetadataBuilder(spec, [layer], device, **builder_options)
     batch = make_paged_batch(
         batch_spec,
         num_heads_q=num_heads_q,
@@ -217,14 +221,15 @@ def one_kv_head_case(
         head_size=head_size,
         block_size=16,
         dtype=torch.float32,
+        device=device,
     )
     return layer, builder, batch
 
 
-def test_triton_launch_with_too_small_scratch_raises() -> None:
+def test_triton_launch_with_too_small_scratch_raises(device: torch.device) -> None:
     """More decode tokens than the scratch has rows: refused, output untouched."""
     layer, builder, batch = one_kv_head_case(
-        BatchSpec.decode(20, 33, 7), 8, 64, max_num_seqs=2, max_query_len=1
+        BatchSpec.decode(20, 33, 7), 8, 64, device, max_num_seqs=2, max_query_len=1
     )
     output = poisoned_like(batch.query)
     with pytest.raises(ScratchTooSmallError, match="rows: scratch 2, needed 3 tokens"):
@@ -232,12 +237,14 @@ def test_triton_launch_with_too_small_scratch_raises() -> None:
     assert output.isnan().all(), "a refused launch wrote output"
 
 
-def test_triton_short_prefill_past_the_builders_query_length_runs_2d() -> None:
+def test_triton_short_prefill_past_the_builders_query_length_runs_2d(
+    device: torch.device,
+) -> None:
     """A prefill chunk of 8 tokens per request, longer than the engine's ``k + 1`` the scratch
     rows were sized for, would fit the split-KV path's query bound; it must run 2D and match
     the oracle, not overflow the scratch (the engine with short prompts did)."""
     layer, builder, batch = one_kv_head_case(
-        BatchSpec.prefill(8, 8), 8, 64, max_num_seqs=2, max_query_len=4
+        BatchSpec.prefill(8, 8), 8, 64, device, max_num_seqs=2, max_query_len=4
     )
     assert builder.scratch.rows < batch.spec.num_tokens  # what the split-KV path would need
     output = poisoned_like(batch.query)
@@ -247,9 +254,9 @@ def test_triton_short_prefill_past_the_builders_query_length_runs_2d() -> None:
     assert relative_error(output, expected) < RELATIVE_ERROR_BOUND[torch.float32]
 
 
-def test_triton_builder_reuses_its_scratch() -> None:
+def test_triton_builder_reuses_its_scratch(device: torch.device) -> None:
     """``build`` hands out the builder's persistent scratch: no allocation per step."""
-    _, builder, batch = one_kv_head_case(BatchSpec.decode(20, 9), 4, 32, max_num_seqs=2)
+    _, builder, batch = one_kv_head_case(BatchSpec.decode(20, 9), 4, 32, device, max_num_seqs=2)
     common = common_metadata(batch, 16)
     assert builder.build(common).scratch is builder.build(common).scratch is builder.scratch
 

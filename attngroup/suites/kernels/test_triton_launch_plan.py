@@ -20,6 +20,7 @@ from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError, SplitKV
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     TUNED_BANDWIDTH_OPTIONS,
+    TUNED_TMA_OPTIONS,
     LaunchConfig,
     choose_launch_config,
     next_power_of_2,
@@ -131,27 +132,35 @@ TWO_PER_SM = 2 * H200_SMS
 PLANS = {
     # G = 8, head 256: block_m = 16 rows (the G rows of one token, padded to 16), so block_q =
     # 2 and one q-block per request; 4 KV programs fill one 396-slot wave at 99 segments,
-    # capped at the scratch's 32. One-token head-256 tiles are 32 keys (TUNED_BANDWIDTH_OPTIONS).
+    # capped at the scratch's 32. Head-256 tiles on 16-key pages are the pages
+    # (TUNED_TMA_OPTIONS).
     "decode-4x8k-d256": (
         Batch(4, 1, 8, 1, 256, 8192),
         THREE_PER_SM,
-        Expected("3d", (4, 1, 32), 16, 32),
+        Expected("3d", (4, 1, 32), 16, 16),
     ),
     # 64 KV programs: one wave of 396 slots holds 6 segments each, of 264 slots 4 (the
-    # measured optima of test_triton_launcher's MEASURED_SEGMENT_OPTIMA).
+    # measured optima of test_triton_launcher's MEASURED_SEGMENT_OPTIMA). On 32-key pages
+    # one-token head-256 tiles are 32 keys (TUNED_BANDWIDTH_OPTIONS).
     "decode-64x8k-3-per-sm": (
-        Batch(64, 1, 8, 1, 256, 8192),
+        Batch(64, 1, 8, 1, 256, 8192, block_size=32),
         THREE_PER_SM,
         Expected("3d", (64, 1, 6), 16, 32),
     ),
     "decode-64x8k-2-per-sm": (
-        Batch(64, 1, 8, 1, 256, 8192),
+        Batch(64, 1, 8, 1, 256, 8192, block_size=32),
         TWO_PER_SM,
         Expected("3d", (64, 1, 4), 16, 32),
     ),
-    # Verify of 3 drafts: 4 tokens x G = 8 is 32 rows, one q-block per request.
+    # Verify of 3 drafts: 4 tokens x G = 8 is 32 rows, one q-block per request; 16-key pages.
     "verify4-4x8k-d256": (
         Batch(4, 4, 8, 1, 256, 8192),
+        THREE_PER_SM,
+        Expected("3d", (4, 1, 32), 32, 16),
+    ),
+    # The same on 32-key pages: the heuristic's 64-key tiles.
+    "verify4-4x8k-d256-page-32": (
+        Batch(4, 4, 8, 1, 256, 8192, block_size=32),
         THREE_PER_SM,
         Expected("3d", (4, 1, 32), 32, 64),
     ),
@@ -179,7 +188,7 @@ PLANS = {
     "decode-no-scratch": (
         Batch(4, 1, 8, 1, 256, 8192, scratch_segments=None),
         THREE_PER_SM,
-        Expected("2d", (6, 1, 1), 16, 32),
+        Expected("2d", (6, 1, 1), 16, 16),
     ),
     # 17 requests of G = 4 and 8 KV heads pass the 2D threshold 128 // 8 = 16.
     "decode-over-threshold": (
@@ -339,6 +348,35 @@ def test_a_group_sizes_own_tuned_entry_wins(num_heads_q: int, stages: int) -> No
     )
     assert config.num_stages == stages
     assert tuned_options(256, False, 2) == TUNED_BANDWIDTH_OPTIONS[(256, False, None)]
+
+
+@pytest.mark.parametrize(
+    ("batch", "tensor_descriptors"),
+    [
+        pytest.param(Batch(4, 1, 8, 1, 256, 8192), True, id="decode-page-16"),
+        pytest.param(Batch(4, 4, 8, 1, 256, 8192), True, id="verify-page-16"),
+        pytest.param(Batch(4, 1, 8, 1, 256, 8192, block_size=32), False, id="decode-page-32"),
+        pytest.param(Batch(4, 4, 8, 1, 256, 8192, block_size=32), False, id="verify-page-32"),
+        pytest.param(Batch(4, 1, 8, 1, 192, 8192), False, id="decode-head-192"),
+    ],
+)
+def test_tensor_descriptor_entry_only_where_they_read_the_cache(
+    batch: Batch, tensor_descriptors: bool
+) -> None:
+    """Head 256: the TUNED_TMA_OPTIONS entry where tensor descriptors read one page per tile;
+    elsewhere (other pages, a head padded to 256) the pointer loads' entry, not a refusal."""
+    plan = _plan(batch, RecordingProbe(THREE_PER_SM))
+    assert plan is not None
+    several_tokens = batch.query_len > 1
+    assert plan.config.tma_kv is tensor_descriptors
+    assert plan.attention.constexprs["TMA_KV"] is tensor_descriptors
+    if tensor_descriptors:
+        entry = TUNED_TMA_OPTIONS[(256, several_tokens, None)]
+        assert {name: getattr(plan.config, name) for name in entry} == entry
+    else:
+        assert plan.config.tile_size > 16
+        pointer_entry = tuned_options(256, several_tokens, 8, tma_page_size=None)
+        assert all(getattr(plan.config, name) == value for name, value in pointer_entry.items())
 
 
 TMA_CONFIG = LaunchConfig(block_m=16, tile_size=16, num_warps=4, num_stages=2, tma_kv=True)
