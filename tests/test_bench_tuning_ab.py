@@ -17,6 +17,8 @@ def test_current_is_the_launchers_choice_and_variants_refit_segments() -> None:
     assert Variant(CURRENT).config(HEURISTIC) is None
     halved = Variant("v", {"value_splits": 2}, tile_divisor=2).config(HEURISTIC)
     assert halved == LaunchConfig(32, 32, 4, 2, None, value_splits=2)
+    fixed = Variant("s", {"num_segments": 2}).config(HEURISTIC)
+    assert fixed == LaunchConfig(32, 64, 4, 2, 2)  # a fixed count is kept, not refitted
     assert len({variant.name for variant in VARIANTS}) == len(VARIANTS)
 
 

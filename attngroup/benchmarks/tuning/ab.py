@@ -55,7 +55,7 @@ class Variant:
         if self.name == CURRENT:
             return None
         tile_size = max(16, heuristic.tile_size // self.tile_divisor)
-        return replace(heuristic, num_segments=None, tile_size=tile_size, **self.fields)
+        return replace(heuristic, **{"num_segments": None, "tile_size": tile_size, **self.fields})
 
 
 PREFETCH_3 = {"prefetch_block_table": True, "num_stages": 3}
@@ -86,6 +86,15 @@ VARIANTS = (
             tile_divisor=4,
         )
         for stages in (3, 4, 6)
+    ),
+    # One wave where MIN_SEGMENTS_3D takes two: the e4b's 128 (request, KV head) programs at
+    # 64 x 8k hold 2 segments each in one wave at head 512 (2 programs per SM) and 3 at head
+    # 256 (the tensor-descriptor entry, 3 per SM); FlashInfer launches one wave there.
+    Variant("segments-2", {"num_segments": 2}),
+    Variant(
+        "tma-prefetch-stages-3-segments-3",
+        {"tma_kv": True, "prefetch_block_table": True, "num_stages": 3, "num_segments": 3},
+        tile_divisor=4,
     ),
 )
 WORST_CASES = (
