@@ -19,6 +19,7 @@ from attngroup.benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
 from attngroup.benchmarks.bench_attention import parse_args
 from attngroup.benchmarks.flashinfer_sweep import configs_for, table_choice
 from attngroup.benchmarks.timing import Timing
+from attngroup.benchmarks.vllm_triton_peer import KERNEL_DIR_VARIABLE, kernel_dir
 from attngroup.kernels.registry import BACKEND_PATHS, UnknownBackendError, get_backend
 from attngroup.reports.record import load_record
 from tests.json_schemas import assert_file_matches_schema
@@ -203,6 +204,17 @@ def test_ratios_over_each_peer_and_the_fastest(capsys) -> None:
         }
     )
     assert "triton/best peer (flashinfer) 1.25" in capsys.readouterr().out
+
+
+def test_vllm_triton_kernel_is_looked_for_where_the_fetch_script_puts_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fetch script's default folder, .vllm-triton in the repository root (it once looked
+    one level above the root, so the peer's tests skipped beside a fetched kernel)."""
+    monkeypatch.delenv(KERNEL_DIR_VARIABLE, raising=False)
+    assert kernel_dir() == REPO_ROOT / ".vllm-triton"
+    monkeypatch.setenv(KERNEL_DIR_VARIABLE, "/elsewhere")
+    assert kernel_dir() == Path("/elsewhere")
 
 
 def test_vllm_triton_peer_is_no_engine_backend() -> None:

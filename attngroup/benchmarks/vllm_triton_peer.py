@@ -54,7 +54,9 @@ class VllmKernelMissingError(RuntimeError):
 
 
 def kernel_dir() -> Path:
-    default = Path(__file__).resolve().parents[3] / ".vllm-triton"
+    """Where scripts/fetch_vllm_triton_kernel.sh put the kernel: ``.vllm-triton`` in the
+    repository root (attngroup/benchmarks/ is two levels below it) unless the variable says."""
+    default = Path(__file__).resolve().parents[2] / ".vllm-triton"
     return Path(os.environ.get(KERNEL_DIR_VARIABLE, default))
 
 
