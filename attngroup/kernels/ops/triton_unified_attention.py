@@ -532,9 +532,11 @@ def _unified_attention_kernel(
             acc,
             mask=row_valid[:, None] & value_mask[None, :],
         )
-        # Every value part computed the same max and sum; the first one writes them.
-        tl.store(segm_max_ptr + segm_row, running_max, mask=row_valid & (value_part == 0))
-        tl.store(segm_expsum_ptr + segm_row, running_sum, mask=row_valid & (value_part == 0))
+        # Every value part computed the same max and sum; the first one writes them (a branch
+        # on the scalar: Triton 3.9's interpreter refuses a block mask ANDed with a scalar bool).
+        if value_part == 0:
+            tl.store(segm_max_ptr + segm_row, running_max, mask=row_valid)
+            tl.store(segm_expsum_ptr + segm_row, running_sum, mask=row_valid)
     else:
         out = acc / tl.where(running_sum > 0.0, running_sum, 1.0)[:, None]
         tl.store(
