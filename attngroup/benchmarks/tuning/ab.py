@@ -91,6 +91,10 @@ VARIANTS = (
     # 64 x 8k hold 2 segments each in one wave at head 512 (2 programs per SM) and 3 at head
     # 256 (the tensor-descriptor entry, 3 per SM); FlashInfer launches one wave there.
     Variant("segments-2", {"num_segments": 2}),
+    # Head 512 on eight warps: the accumulator split over twice the threads leaves room for
+    # two buffers of 16-key tiles (offline sm_90 compile, Triton 3.6: e2b verify 128 registers
+    # against 255, e4b decode 94 against 224, 82-99 KiB, no spill).
+    Variant("warps-8-prefetch-stages-3-half-tile", {"num_warps": 8, **PREFETCH_3}, tile_divisor=2),
     Variant(
         "tma-prefetch-stages-3-segments-3",
         {"tma_kv": True, "prefetch_block_table": True, "num_stages": 3, "num_segments": 3},
