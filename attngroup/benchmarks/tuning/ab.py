@@ -59,6 +59,8 @@ class Variant:
 
 
 PREFETCH_3 = {"prefetch_block_table": True, "num_stages": 3}
+TMA_PREFETCH = {"tma_kv": True, "prefetch_block_table": True}
+TMA_PREFETCH_3 = {**TMA_PREFETCH, "num_stages": 3}
 VARIANTS = (
     Variant(CURRENT),
     Variant("value-split-2", {"value_splits": 2}),
@@ -80,25 +82,26 @@ VARIANTS = (
     Variant("tma-stages-3-warps-8", {"tma_kv": True, "num_stages": 3, "num_warps": 8}, 4),
     # The same with the page numbers read one tile ahead: num_stages - 1 buffers.
     *(
-        Variant(
-            f"tma-prefetch-stages-{stages}",
-            {"tma_kv": True, "prefetch_block_table": True, "num_stages": stages},
-            tile_divisor=4,
-        )
-        for stages in (3, 4, 6)
+        Variant(f"tma-prefetch-stages-{stages}", {**TMA_PREFETCH, "num_stages": stages}, 4)
+        for stages in (2, 3, 4, 6)
     ),
+    # Head 512 on tensor descriptors: 255 registers on four warps (184 bytes spilled offline).
+    Variant("tma-prefetch-stages-3-warps-8", {**TMA_PREFETCH_3, "num_warps": 8}, 4),
     # One wave where MIN_SEGMENTS_3D takes two: the e4b's 128 (request, KV head) programs at
     # 64 x 8k hold 2 segments each in one wave at head 512 (2 programs per SM) and 3 at head
     # 256 (the tensor-descriptor entry, 3 per SM); FlashInfer launches one wave there.
-    Variant("segments-2", {"num_segments": 2}),
+    *(Variant(f"segments-{segments}", {"num_segments": segments}) for segments in (2, 3)),
     # Head 512 on eight warps: the accumulator split over twice the threads leaves room for
     # two buffers of 16-key tiles (offline sm_90 compile, Triton 3.6: e2b verify 128 registers
     # against 255, e4b decode 94 against 224, 82-99 KiB, no spill).
     Variant("warps-8-prefetch-stages-3-half-tile", {"num_warps": 8, **PREFETCH_3}, tile_divisor=2),
-    Variant(
-        "tma-prefetch-stages-3-segments-3",
-        {"tma_kv": True, "prefetch_block_table": True, "num_stages": 3, "num_segments": 3},
-        tile_divisor=4,
+    *(
+        Variant(
+            f"tma-prefetch-stages-3-segments-{segments}",
+            {**TMA_PREFETCH_3, "num_segments": segments},
+            4,
+        )
+        for segments in (2, 3)
     ),
 )
 WORST_CASES = (

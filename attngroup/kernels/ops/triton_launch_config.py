@@ -64,7 +64,7 @@ files)."""
 
 
 TUNED_TMA_OPTIONS: dict[tuple[int, bool, int | None], dict[str, Any]] = {
-    (256, several_tokens, None): {
+    (head_size_padded, several_tokens, None): {
         "tile_size": 16,
         "num_warps": 4,
         "num_stages": 3,
@@ -72,6 +72,7 @@ TUNED_TMA_OPTIONS: dict[tuple[int, bool, int | None], dict[str, Any]] = {
         "prefetch_block_table": True,
         "tma_kv": True,
     }
+    for head_size_padded in (256, 512)
     for several_tokens in (False, True)
 }
 """Entries keyed as ``TUNED_BANDWIDTH_OPTIONS`` that replace its entry for a cache whose pages
@@ -84,7 +85,13 @@ for one buffer. Same-process A/B on the H200 (``attngroup.benchmarks.tuning.ab``
 ``attngroup/benchmarks/results/h200-2026-12-04-tma-prefetch-ab.txt``), against the launcher's
 choice of the time: e2b verify 149.7 against 166.6 us at 64 x 8k and 150.1 against 167.4 at
 16 x 32k, e4b verify 270.2 against 276.9 and 261.7 against 268.2, e2b decode 142.2 against
-147.3, e4b decode 263.7 against 270.4; four and six stages were slower than three on every case."""
+147.3, e4b decode 263.7 against 270.4; four and six stages were slower than three on every case.
+Head 512, the same entry: 255 registers (the offline compile spills 184 bytes) and still faster
+than every pointer-load variant on the five 64 x 8k cases measured
+(``h200-2026-12-04-head512-tma-prefetch-ab.txt``): e2b verify 274.7 against 361.0 us, e2b
+decode 263.2 against 279.9, e4b decode 508.0 against 540.1, e4b verify 516.4 against 547.5, e4b
+draft 511.7 against 534.0 (its entry above); eight warps on pointer loads, which compile to
+98-128 registers, ran 1.37-1.56x slower."""
 
 
 def _table_entry(

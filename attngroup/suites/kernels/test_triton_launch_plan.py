@@ -23,6 +23,7 @@ from attngroup.kernels.ops.triton_launch_config import (
     TUNED_TMA_OPTIONS,
     LaunchConfig,
     choose_launch_config,
+    dot_head_size,
     next_power_of_2,
     tuned_options,
 )
@@ -165,9 +166,16 @@ PLANS = {
         Expected("3d", (4, 1, 32), 32, 64),
     ),
     # Head 512 caps block_m at 32 rows, 4 tokens of G = 8: 8 tokens need two q-blocks per
-    # request; tiles of 32 keys; 8 KV programs take 33 segments of a 264-slot wave, capped at 32.
+    # request; tiles are the 16-key pages (TUNED_TMA_OPTIONS); 8 KV programs take 33 segments
+    # of a 264-slot wave, capped at 32.
     "verify8-2x4k-d512-2kv": (
         Batch(2, 8, 16, 2, 512, 4096),
+        TWO_PER_SM,
+        Expected("3d", (4, 2, 32), 32, 16),
+    ),
+    # The same on 32-key pages: the heuristic's 32-key tiles at head 512.
+    "verify8-2x4k-d512-2kv-page-32": (
+        Batch(2, 8, 16, 2, 512, 4096, block_size=32),
         TWO_PER_SM,
         Expected("3d", (4, 2, 32), 32, 32),
     ),
@@ -358,24 +366,33 @@ def test_a_group_sizes_own_tuned_entry_wins(num_heads_q: int, stages: int) -> No
         pytest.param(Batch(4, 1, 8, 1, 256, 8192, block_size=32), False, id="decode-page-32"),
         pytest.param(Batch(4, 4, 8, 1, 256, 8192, block_size=32), False, id="verify-page-32"),
         pytest.param(Batch(4, 1, 8, 1, 192, 8192), False, id="decode-head-192"),
+        pytest.param(Batch(4, 1, 8, 1, 512, 8192), True, id="decode-head-512-page-16"),
+        pytest.param(Batch(4, 4, 8, 2, 512, 8192), True, id="verify-head-512-page-16"),
+        pytest.param(
+            Batch(4, 4, 8, 2, 512, 8192, block_size=32), False, id="verify-head-512-page-32"
+        ),
     ],
 )
 def test_tensor_descriptor_entry_only_where_they_read_the_cache(
     batch: Batch, tensor_descriptors: bool
 ) -> None:
-    """Head 256: the TUNED_TMA_OPTIONS entry where tensor descriptors read one page per tile;
-    elsewhere (other pages, a head padded to 256) the pointer loads' entry, not a refusal."""
+    """Heads 256 and 512: the TUNED_TMA_OPTIONS entry where tensor descriptors read one page
+    per tile; elsewhere (other pages, a head padded to 256) the pointer loads' entry, not a
+    refusal."""
     plan = _plan(batch, RecordingProbe(THREE_PER_SM))
     assert plan is not None
     several_tokens = batch.query_len > 1
     assert plan.config.tma_kv is tensor_descriptors
     assert plan.attention.constexprs["TMA_KV"] is tensor_descriptors
     if tensor_descriptors:
-        entry = TUNED_TMA_OPTIONS[(256, several_tokens, None)]
+        entry = TUNED_TMA_OPTIONS[(batch.head_size, several_tokens, None)]
         assert {name: getattr(plan.config, name) for name in entry} == entry
     else:
         assert plan.config.tile_size > 16
-        pointer_entry = tuned_options(256, several_tokens, 8, tma_page_size=None)
+        group_size = batch.num_heads_q // batch.num_kv_heads
+        pointer_entry = tuned_options(
+            dot_head_size(batch.head_size), several_tokens, group_size, tma_page_size=None
+        )
         assert all(getattr(plan.config, name) == value for name, value in pointer_entry.items())
 
 
