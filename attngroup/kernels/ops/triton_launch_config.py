@@ -25,13 +25,20 @@ few requests over long contexts need more to fill one wave on the H200: 16 x 32k
 took 24)."""
 MIN_LAUNCH_GRID_SIZE_2D = 128
 """Default 3D threshold numerator: ``seq_threshold_3d = 128 // num_kv_heads`` as in vLLM."""
-MIN_SEGMENTS_3D = 4
+MIN_SEGMENTS_3D = 2
 """Split-KV launches take the fewest whole waves that give every (q-block, KV head) at least
 this many segments. Measured on the H200 (attngroup.benchmarks.tuning.sweep, Gemma 4 head 256 and 512,
 decode and verify at 64 x 8k and 16 x 32k, 4 to 32 segments): every fastest count was the one
 that filled whole waves of resident programs (a launch of 1.3 waves ran up to 20 % slower than
 one of 0.97), and one wave beat two: 6 segments against 12 for the head-256 decode, 4 against 8
-for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us)."""
+for the verify (head 256: 167.9 against 172.1 us; head 512: 357.2 against 370.1 us). Below 4
+too (``attngroup.benchmarks.tuning.ab``, ``h200-2026-12-04-e4b-one-wave-ab.txt``): the e4b's 128
+(request, KV head) programs at 64 x 8k on tensor descriptors ran one wave of 2 segments at head
+512 (decode 503.3 against 509.2 us for two waves of 4, verify 507.0 against 516.6, draft 506.8
+against 510.4) and of 3 at head 256 (decode 260.5 against 263.5, verify 262.3 against 269.2;
+the draft, 2 per SM, 270.4 against 272.2 at 2). Llama at 16 x 32k keeps its one wave of 5
+(96 registers and 38 KiB: 5 per SM; 2 and 3 segments ran 1.12-1.49x slower,
+``h200-2026-12-04-llama-segments-ab.txt``)."""
 LaunchKind = Literal["2d", "3d"]
 """The kernel launch: one program per (q-block, KV head) over the whole sequence (2D), or
 split-KV segments merged afterwards (3D); vLLM calls the choice the path."""

@@ -123,12 +123,15 @@ def test_verify_reads_kv_once_per_request(
     assert 1 <= config.num_segments <= DEFAULT_NUM_SEGMENTS
 
 
-# The fastest segment counts of attngroup.benchmarks.tuning.sweep on the H200 (4 to 32 segments swept):
+# The fastest segment counts of attngroup.benchmarks.tuning.sweep on the H200 (4 to 32 segments swept)
+# and of the one-wave A/B (h200-2026-12-04-e4b-one-wave-ab.txt, 2 and 3 against the launcher's):
 # (KV programs = q-blocks x KV heads, tiles of the context, wave slots, fastest segments).
 MEASURED_SEGMENT_OPTIMA = {
     "e2b-d256-decode-64x8k": (64, 128, 3 * H200_SMS, 6),
     "e2b-d256-decode-16x32k": (16, 512, 3 * H200_SMS, 24),
-    "e4b-d256-decode-64x8k": (128, 128, 3 * H200_SMS, 6),
+    "e4b-d256-decode-64x8k": (128, 512, 3 * H200_SMS, 3),
+    "e4b-d256-draft-64x8k": (128, 512, 2 * H200_SMS, 2),
+    "e4b-d512-decode-64x8k": (128, 512, 2 * H200_SMS, 2),
     "e4b-d256-decode-16x32k": (32, 512, 3 * H200_SMS, 12),
     "e2b-d512-decode-64x8k": (64, 256, 2 * H200_SMS, 4),
     "e2b-d512-decode-16x32k": (16, 1024, 2 * H200_SMS, 16),
