@@ -292,12 +292,13 @@ def select_path(
         return "2d"
     if path not in ("auto", "3d"):
         raise ValueError(f"path must be 'auto', '2d' or '3d'; got {path!r}")
-    allowed = has_scratch and max_query_len <= min(max_3d_query_len, MAX_3D_QUERY_LEN)
+    longest_3d_query = min(max_3d_query_len, MAX_3D_QUERY_LEN)
+    allowed = has_scratch and max_query_len <= longest_3d_query
     if path == "3d":
         if not allowed:
             raise ValueError(
                 "path='3d' needs split-KV scratch and max_query_len <= "
-                f"{min(max_3d_query_len, MAX_3D_QUERY_LEN)}; got scratch={'yes' if has_scratch else 'none'}, "
+                f"{longest_3d_query}; got scratch={'yes' if has_scratch else 'none'}, "
                 f"max_query_len={max_query_len}"
             )
         return "3d"
