@@ -11,7 +11,7 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from attngroup.reports.history import flaky_reasons
 from attngroup.reports.record import (
@@ -224,26 +224,32 @@ def _classify(
     selection: SelectionContext | None,
 ) -> list[str]:
     """Lists a test belongs to; a failing new test is both a new test and a new failure."""
-    ran_before = before is not None and before.outcome != "deselected"
-    ran_now = now is not None and now.outcome != "deselected"
+    ran_before, ran_now = _ran(before), _ran(now)
     names = []
-    if ran_now and now.outcome == "skipped":
-        names.append("skipped")
-    if ran_now and has_baseline and before is None:
-        names.append("new_tests")
-    if ran_now and now.outcome in FAILING_OUTCOMES:
-        failed_before = ran_before and before.outcome in FAILING_OUTCOMES
-        names.append("still_failing" if failed_before else "new_failures")
-    if (
-        ran_now
-        and now.outcome in PASSING_OUTCOMES
-        and ran_before
-        and before.outcome in FAILING_OUTCOMES
-    ):
-        names.append("fixed")
-    if ran_before and not ran_now:
-        names.append("not_selected" if _not_selected(before, now, selection) else "removed_tests")
+    if ran_now is not None:
+        if ran_now.outcome == "skipped":
+            names.append("skipped")
+        if has_baseline and before is None:
+            names.append("new_tests")
+        if ran_now.outcome in FAILING_OUTCOMES:
+            failed_before = ran_before is not None and ran_before.outcome in FAILING_OUTCOMES
+            names.append("still_failing" if failed_before else "new_failures")
+        if (
+            ran_now.outcome in PASSING_OUTCOMES
+            and ran_before is not None
+            and ran_before.outcome in FAILING_OUTCOMES
+        ):
+            names.append("fixed")
+    elif ran_before is not None:
+        names.append(
+            "not_selected" if _not_selected(ran_before, now, selection) else "removed_tests"
+        )
     return names
+
+
+def _ran(result: TestResult | None) -> TestResult | None:
+    """The result when the test ran in that run: present and not deselected."""
+    return result if result is not None and result.outcome != "deselected" else None
 
 
 def _not_selected(
@@ -282,23 +288,39 @@ def typical_value(metric: Metric) -> float:
     return statistics.median(metric.samples) if metric.samples else metric.value
 
 
+class _MetricSides(TypedDict):
+    """The fields of a ``MetricChange`` that come before its verdict: both sides as measured."""
+
+    name: str
+    nodeid: str
+    unit: str
+    higher_is_better: bool
+    threshold: float
+    baseline: float | None
+    current: float | None
+    baseline_samples: tuple[float, ...]
+    current_samples: tuple[float, ...]
+
+
 def _compare_metric(
     before: Metric | None, now: Metric | None, thresholds: ThresholdPolicy, has_baseline: bool
 ) -> MetricChange:
     described = now or before
     assert described is not None
-    common = {
-        "name": described.name,
-        "nodeid": described.nodeid,
-        "unit": described.unit,
-        "higher_is_better": described.higher_is_better,
-        "threshold": thresholds.threshold_for(described),
-        "baseline": typical_value(before) if before else None,
-        "current": typical_value(now) if now else None,
-        "baseline_samples": before.samples if before else (),
-        "current_samples": now.samples if now else (),
-    }
-    if before is None or now is None or common["baseline"] == 0:
+    baseline = typical_value(before) if before else None
+    current = typical_value(now) if now else None
+    common = _MetricSides(
+        name=described.name,
+        nodeid=described.nodeid,
+        unit=described.unit,
+        higher_is_better=described.higher_is_better,
+        threshold=thresholds.threshold_for(described),
+        baseline=baseline,
+        current=current,
+        baseline_samples=before.samples if before else (),
+        current_samples=now.samples if now else (),
+    )
+    if baseline is None or current is None or baseline == 0:
         if before is None:
             verdict = "new" if has_baseline else "no baseline"
         else:
@@ -312,8 +334,10 @@ def _compare_metric(
             method="",
             verdict=verdict,
         )
-    change = (common["current"] - common["baseline"]) / abs(common["baseline"])
-    significant, p_value, interval, method = _significance(before.samples, now.samples)
+    change = (current - baseline) / abs(baseline)
+    significant, p_value, interval, method = _significance(
+        common["baseline_samples"], common["current_samples"]
+    )
     worse_by = -change if described.higher_is_better else change
     if abs(worse_by) <= common["threshold"]:
         verdict = "unchanged"

@@ -375,7 +375,7 @@ def _failure_message(report: pytest.TestReport | pytest.CollectReport) -> str:
     return lines[-1] if lines else "failed"
 
 
-def _skip_reason(report: pytest.TestReport) -> str:
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
     return reason.removeprefix("Skipped: ")
@@ -433,7 +433,9 @@ class RunRecorder:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.is_worker:
-            self.config.workeroutput[WORKER_OUTPUT_KEY] = {
+            # pytest-xdist sets workeroutput on a worker's config; pytest's Config type lacks it.
+            worker_output: dict[str, Any] = vars(self.config)["workeroutput"]
+            worker_output[WORKER_OUTPUT_KEY] = {
                 "items": self.items,
                 "deselected": sorted(self.deselected),
                 "device": device_name(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from attngroup.reports.compare import Comparison
 
@@ -78,19 +79,24 @@ class CellTest:
     status: str
 
 
+class _HasTests(Protocol):
+    """Read-only, so that a field (``CellPart``) and a property (``MatrixCell``) both fit."""
+
+    @property
+    def tests(self) -> tuple[CellTest, ...]: ...
+
+
 class _CountedTests:
     """Counts by status and the colour of a set of tests: a cell, or one backend and
     dtype inside it."""
 
-    tests: tuple[CellTest, ...]
-
     @property
-    def counts(self) -> tuple[tuple[str, int], ...]:
+    def counts(self: _HasTests) -> tuple[tuple[str, int], ...]:
         return _ordered_counts(test.status for test in self.tests)
 
     @property
-    def status(self) -> str:
-        return cell_status(dict(self.counts))
+    def status(self: _HasTests) -> str:
+        return cell_status(Counter(test.status for test in self.tests))
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 from attngroup.reports.compare import Comparison, MetricChange, TestChange
 from attngroup.reports.render.formatting import format_change, format_p_value, format_value
 
 MESSAGE_WIDTH = 160
+Item = TypeVar("Item")  # what one summary section lists: a test or a metric change
 
 
 def _test_line(change: TestChange) -> str:
@@ -33,6 +37,13 @@ def _metric_line(change: MetricChange) -> str:
     )
 
 
+def _section(title: str, items: Sequence[Item], describe: Callable[[Item], str]) -> list[str]:
+    """A titled list with one line per item; nothing at all when there are no items."""
+    if not items:
+        return []
+    return [f"{title} ({len(items)}):", *(describe(item) for item in items)]
+
+
 def format_summary(comparison: Comparison) -> str:
     run, baseline = comparison.run, comparison.baseline
     lines = [
@@ -44,20 +55,16 @@ def format_summary(comparison: Comparison) -> str:
         )
     ]
     lines += [f"warning: {warning}" for warning in comparison.warnings]
-    sections = (
-        ("New failures" if baseline else "Failures", comparison.new_failures, _test_line),
-        ("Metric regressions", comparison.metric_regressions, _metric_line),
-        ("Fixed", comparison.fixed, _test_line),
-        ("Still failing", comparison.still_failing, _test_line),
-        ("Flaky", comparison.flaky, _test_line),
-        ("Metric improvements", comparison.metric_improvements, _metric_line),
-        ("New tests", comparison.new_tests, _test_line),
-        ("Removed tests", comparison.removed_tests, _test_line),
-        ("Not run: not selected", comparison.not_selected, _test_line),
+    lines += _section(
+        "New failures" if baseline else "Failures", comparison.new_failures, _test_line
     )
-    for title, items, describe in sections:
-        if items:
-            lines.append(f"{title} ({len(items)}):")
-            lines += [describe(item) for item in items]
+    lines += _section("Metric regressions", comparison.metric_regressions, _metric_line)
+    lines += _section("Fixed", comparison.fixed, _test_line)
+    lines += _section("Still failing", comparison.still_failing, _test_line)
+    lines += _section("Flaky", comparison.flaky, _test_line)
+    lines += _section("Metric improvements", comparison.metric_improvements, _metric_line)
+    lines += _section("New tests", comparison.new_tests, _test_line)
+    lines += _section("Removed tests", comparison.removed_tests, _test_line)
+    lines += _section("Not run: not selected", comparison.not_selected, _test_line)
     lines.append("Verdict: " + ("REGRESSION" if comparison.has_regression else "OK"))
     return "\n".join(lines)
