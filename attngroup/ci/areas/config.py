@@ -426,6 +426,7 @@ def _load_step(
     mirror = _load_mirror(raw, where, path, problems, policy)
     if len(problems.errors) > errors_before:
         return None
+    assert isinstance(label, str)  # required and checked to be a string above
     key = raw.get("key") or derive_step_key(label)
     if not key:
         problems.error(f"{where}: cannot derive a key from label {label!r}; add 'key'", path, line)
@@ -555,11 +556,10 @@ def load_run_config(config_path: Path, display_path: str | None = None) -> RunCo
     if not isinstance(data, Mapping):
         raise CIInputError("the run configuration must be a mapping", Location(display))
     problems = Problems()
+    unknown_keys = data.get("unknown_keys")  # _check_keys reports a bad value
     policy = KeyPolicy(
         legacy_keys="error",
-        unknown_keys=data.get("unknown_keys")
-        if data.get("unknown_keys") in POLICY_VALUES
-        else "warn",
+        unknown_keys=unknown_keys if unknown_keys in POLICY_VALUES else "warn",
     )
     _check_keys(data, RUN_CONFIG_FIELDS, "ci_config", display, problems, policy)
     if "job_dirs" not in data:

@@ -13,7 +13,7 @@ _BARE_DOT = re.compile(r"(?<!\\)\.(?![*+?{])")
 
 def lint_warnings(config: RunConfig, areas: TestAreas) -> list[str]:
     """Warnings for dead exclusions and regex wildcards that were meant as literal dots."""
-    warnings = []
+    warnings: list[str] = []
     for patterns, name in (
         (config.run_all_patterns, "run_all_patterns"),
         (config.run_all_exclude_patterns, "run_all_exclude_patterns"),

@@ -30,7 +30,10 @@ class LocatedList(list):
 
 
 # libyaml's parser when PyYAML was built with it (about 5x faster on vLLM's 0.5 MB of YAML).
-_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+try:
+    from yaml import CSafeLoader as _BaseLoader
+except ImportError:
+    from yaml import SafeLoader as _BaseLoader
 
 
 class _LocatingLoader(_BaseLoader):

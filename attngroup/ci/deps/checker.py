@@ -664,7 +664,7 @@ def registry_keys(registry: Path, module: str) -> list[str]:
             and (value.value == module or value.value.startswith(f"{module}."))
         )
 
-    keys = []
+    keys: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and names_module(node.value):
             keys.extend(target.id for target in node.targets if isinstance(target, ast.Name))

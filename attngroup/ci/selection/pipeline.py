@@ -33,8 +33,10 @@ def agents_for(step: Step, config: RunConfig) -> dict[str, str]:
     elif not config.device_agents:
         tags = {**config.default_agents, "queue": device}
     else:
-        sized = f"{device}:{step.num_devices}" if step.num_devices else None
-        mapped = config.device_agents.get(sized) or config.device_agents.get(device)
+        sized_tags = (
+            config.device_agents.get(f"{device}:{step.num_devices}") if step.num_devices else None
+        )
+        mapped = sized_tags or config.device_agents.get(device)
         if mapped is None:
             known = ", ".join(sorted(config.device_agents))
             raise CIInputError(

@@ -286,9 +286,10 @@ def pytest_runs(
     for command in commands:
         for tokens in _simple_commands(command):
             if tokens[0] == "cd" and len(tokens) == 2:
-                cwd = (
-                    enter(tokens[1], cwd) if cwd is not None or tokens[1].startswith("/") else None
-                )
+                if cwd is not None:
+                    cwd = enter(tokens[1], cwd)
+                elif tokens[1].startswith("/"):  # back from outside: absolute, so "." goes unread
+                    cwd = enter(tokens[1], ".")
                 continue
             arguments = _pytest_arguments(tokens)
             if arguments is None:

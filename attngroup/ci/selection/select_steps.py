@@ -167,6 +167,7 @@ def _decide(step: Step, changes: ChangeSet, knobs: Knobs, facts: _ChangeFacts) -
 
 def _change_facts(config: RunConfig, changes: ChangeSet, knobs: Knobs) -> _ChangeFacts:
     files = changes.files or ()
+    run_all: str | None
     if knobs.run_all:
         run_all = "RUN_ALL=1 runs every step"
     elif not changes.known:
@@ -181,42 +182,48 @@ def _change_facts(config: RunConfig, changes: ChangeSet, knobs: Knobs) -> _Chang
     )
 
 
+def _select_only_step_keys(
+    areas: TestAreas, changes: ChangeSet, only_step_keys: tuple[str, ...]
+) -> Selection:
+    """``ONLY_STEP_KEYS``: those steps and every step they depend on, whatever changed."""
+    steps = areas.by_key()
+    unknown = [key for key in only_step_keys if key not in steps]
+    if unknown:
+        hints = "".join(suggest(key, sorted(steps)) for key in unknown[:1])
+        raise CIInputError(f"ONLY_STEP_KEYS names unknown steps {unknown}{hints}")
+    chosen = dependency_closure(areas, only_step_keys)
+    decisions = tuple(
+        StepDecision(
+            step.key,
+            step.label,
+            step.key in chosen,
+            (
+                f"needed by {chosen[step.key]!r} (depends_on)"
+                if chosen.get(step.key)
+                else "listed in ONLY_STEP_KEYS",
+            )
+            if step.key in chosen
+            else ("not in ONLY_STEP_KEYS",),
+        )
+        for step in areas.steps
+    )
+    return Selection(
+        changes.base,
+        changes.head,
+        False,
+        f"ONLY_STEP_KEYS={list(only_step_keys)}",
+        tuple(changes.files or ()),
+        decisions,
+    )
+
+
 def select_steps(
     areas: TestAreas, config: RunConfig, changes: ChangeSet, knobs: Knobs = Knobs()
 ) -> Selection:
     """Decide every step (``ONLY_STEP_KEYS`` also takes the steps they depend on)."""
-    files = changes.files or ()
-    steps = areas.by_key()
     if knobs.only_step_keys is not None:
-        unknown = [key for key in knobs.only_step_keys if key not in steps]
-        if unknown:
-            hints = "".join(suggest(key, sorted(steps)) for key in unknown[:1])
-            raise CIInputError(f"ONLY_STEP_KEYS names unknown steps {unknown}{hints}")
-        chosen = dependency_closure(areas, knobs.only_step_keys)
-        decisions = tuple(
-            StepDecision(
-                step.key,
-                step.label,
-                step.key in chosen,
-                (
-                    f"needed by {chosen[step.key]!r} (depends_on)"
-                    if chosen.get(step.key)
-                    else "listed in ONLY_STEP_KEYS",
-                )
-                if step.key in chosen
-                else ("not in ONLY_STEP_KEYS",),
-            )
-            for step in areas.steps
-        )
-        return Selection(
-            changes.base,
-            changes.head,
-            False,
-            f"ONLY_STEP_KEYS={list(knobs.only_step_keys)}",
-            tuple(files),
-            decisions,
-        )
-
+        return _select_only_step_keys(areas, changes, knobs.only_step_keys)
+    files = changes.files or ()
     facts = _change_facts(config, changes, knobs)
     decisions = []
     for step in areas.steps:
