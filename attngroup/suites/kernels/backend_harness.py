@@ -22,6 +22,7 @@ from attngroup.reference_engine.attention_groups import (
     group_attention_layers,
 )
 from attngroup.reference_engine.kv_cache_groups import get_kv_cache_groups
+from attngroup.reference_engine.kv_cache_spec import AttentionSpec
 from attngroup.reference_engine.kv_sharing import kv_sharing_of
 from attngroup.reference_engine.model_pairs import get_model_pair
 from attngroup.suites.kernels.batches import PagedBatch
@@ -122,6 +123,14 @@ def group_holding(
             if name in roles[role] and is_sliding == (layer_type == "sliding"):
                 return layers, group
     raise LookupError(f"{pair_name} has no {role} {layer_type} attention layer")
+
+
+def attention_spec(group: AttentionGroup) -> AttentionSpec:
+    """``group``'s KV spec with its attention geometry (KV heads, head size, dtype): a group's
+    spec may also be a state layer's, which has none."""
+    spec = group.kv_cache_spec
+    assert isinstance(spec, AttentionSpec), f"{group.layer_names}: no attention spec: {spec}"
+    return spec
 
 
 def common_metadata(batch: PagedBatch, block_size: int) -> CommonAttentionMetadata:

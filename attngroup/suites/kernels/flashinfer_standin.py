@@ -23,6 +23,7 @@ the backend itself knows nothing of this module.
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,7 +118,7 @@ def _bind(signature_of, args: tuple, kwargs: dict) -> Call:
     return Call(arguments)
 
 
-class _PagedWrapper:
+class _PagedWrapper(ABC):
     """What the decode and prefill wrappers share: recording, the plan check, the run."""
 
     _plan_signature: Any
@@ -141,8 +142,13 @@ class _PagedWrapper:
 
     def _geometry(self, plan: Call) -> tuple[int, int, int, int]:
         """(num_qo_heads, num_kv_heads, head_dim, page_size) of a plan."""
-        head_dim = plan.arguments.get("head_dim", plan.arguments.get("head_dim_qk"))
+        # The decode plan names it head_dim, the prefill plan head_dim_qk.
+        head_dim = plan["head_dim"] if "head_dim" in plan.arguments else plan["head_dim_qk"]
         return plan["num_qo_heads"], plan["num_kv_heads"], head_dim, plan["page_size"]
+
+    @abstractmethod
+    def _pages(self, plan: Call) -> PagedRequests:
+        """The plan's requests on the paged cache, in the wrapper's own parameter names."""
 
     def run(self, *args, **kwargs) -> torch.Tensor:
         call = _bind(_run_signature, args, kwargs)

@@ -8,6 +8,7 @@ cache's never-readable slots are NaN too (``attngroup.suites.kernels.batches``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import pytest
 import torch
@@ -39,6 +40,16 @@ BLOCK_SIZE = 16
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+class AttentionSpecFields(TypedDict):
+    """The fields full and sliding-window specs share, typed per key so that unpacking them
+    into either constructor is checked."""
+
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: torch.dtype
+
+
 @dataclass(frozen=True)
 class LayerCase:
     """One layer shape and one step's batch."""
@@ -62,7 +73,7 @@ class LayerCase:
         )
 
     def kv_cache_spec(self, dtype: torch.dtype) -> FullAttentionSpec | SlidingWindowSpec:
-        geometry = {
+        geometry: AttentionSpecFields = {
             "block_size": BLOCK_SIZE,
             "num_kv_heads": self.num_kv_heads,
             "head_size": self.head_size,

@@ -25,6 +25,7 @@ from attngroup.reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 from attngroup.suites.kernels.backend_harness import (
     ATTENTION_BACKENDS,
     attention_groups,
+    attention_spec,
     backend_name_params,
     common_metadata,
     group_holding,
@@ -63,7 +64,7 @@ def group_by_role(
 def make_group_builder(backend_name: str, layers, group: AttentionGroup, device, **options):
     params = [layers[name] for name in group.layer_names]
     builder_cls = get_backend(backend_name).get_builder_cls()
-    return builder_cls(group.kv_cache_spec, params, device, **{**SMALL_BUILDER, **options})
+    return builder_cls(attention_spec(group), params, device, **{**SMALL_BUILDER, **options})
 
 
 def _role_cases() -> list:
@@ -151,12 +152,16 @@ def test_every_triton_group_owns_scratch_for_its_heads(pair_name: str) -> None:
     triton_groups = [group for group in groups if group.backend.name == "triton"]
     for group in triton_groups:
         group.create_metadata_builders(layers, "cpu", **SMALL_BUILDER)
-    builders = [group.get_metadata_builder() for group in triton_groups]
+    builders: list[TritonAttentionMetadataBuilder] = []
+    for group in triton_groups:
+        builder = group.get_metadata_builder()
+        assert isinstance(builder, TritonAttentionMetadataBuilder), type(builder)
+        builders.append(builder)
     assert [builder.scratch.segm_output.shape[1:] for builder in builders] == [
         (
             group.num_heads_q,
             DEFAULT_NUM_SEGMENTS,
-            triton.next_power_of_2(group.kv_cache_spec.head_size),
+            triton.next_power_of_2(attention_spec(group).head_size),
         )
         for group in triton_groups
     ]
@@ -176,7 +181,7 @@ def test_triton_scratch_rows(num_kv_heads, max_num_seqs, max_query_len, rows) ->
     )
     layer = AttentionLayerParams("layers.0.attn", 8, num_kv_heads, 16, sm_scale=0.25)
     builder = TritonAttentionMetadataBuilder(
-        spec, [layer], "cpu", max_num_seqs=max_num_seqs, max_query_len=max_query_len
+        spec, [layer], torch.device("cpu"), max_num_seqs=max_num_seqs, max_query_len=max_query_len
     )
     assert builder.scratch.rows == rows
     assert builder.seq_threshold_3d == 128 // num_kv_heads

@@ -27,7 +27,7 @@ from attngroup.reference_engine.attention_groups import AttentionGroup, Grouping
 from attngroup.reference_engine.grouping_plan import GroupingPlan, plan_grouping
 from attngroup.reference_engine.layers import LayerDescription, LayerKind, Role
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS
-from attngroup.suites.kernels.backend_harness import poisoned_like
+from attngroup.suites.kernels.backend_harness import attention_spec, poisoned_like
 from attngroup.suites.kernels.flashinfer_standin import Call, PlanMismatchError, calls_since, mark
 
 pytestmark = pytest.mark.kernels
@@ -256,7 +256,7 @@ def test_standin_run_matches_the_oracle(flashinfer_standin_module: ModuleType) -
     (entry,) = plan.attention_groups[0]
     entry.group.create_metadata_builders(layers, "cpu", **BUILDER_OPTIONS)
     common = step_metadata(plan, 0, "verify")
-    spec = entry.group.kv_cache_spec
+    spec = attention_spec(entry.group)
     generator = torch.Generator().manual_seed(1)
     shape = (64, spec.block_size, spec.num_kv_heads, spec.head_size)
     key_cache = torch.randn(shape, generator=generator).to(DTYPE)
@@ -342,7 +342,7 @@ def test_standin_run_leaves_padded_rows_alone(flashinfer_standin_module: ModuleT
         "cpu",
         num_tokens_padded=real.num_actual_tokens + 3,
     )
-    spec = entry.group.kv_cache_spec
+    spec = attention_spec(entry.group)
     generator = torch.Generator().manual_seed(2)
     shape = (64, spec.block_size, spec.num_kv_heads, spec.head_size)
     key_cache = torch.randn(shape, generator=generator).to(DTYPE)

@@ -30,7 +30,7 @@ from typing import Literal
 import pytest
 import torch
 
-from attngroup.kernels.backend import AttentionLayerParams
+from attngroup.kernels.backend import AttentionLayerParams, AttentionMetadataBuilder
 from attngroup.kernels.backends.common import HeadCountMismatchError
 from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError
 from attngroup.kernels.registry import get_backend
@@ -38,6 +38,7 @@ from attngroup.reference_engine.attention_groups import GroupingPolicy
 from attngroup.reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 from attngroup.suites.kernels.backend_harness import (
     BACKEND_DTYPE,
+    attention_spec,
     backend_params,
     common_metadata,
     group_holding,
@@ -84,7 +85,7 @@ def merged_groups() -> list:
             except LookupError:  # no draft layer of this type
                 continue
             if len({layers[layer].num_heads_q for layer in group.layer_names}) > 1:
-                head_size = group.kv_cache_spec.head_size
+                head_size = attention_spec(group).head_size
                 cases.append(pytest.param(name, layer_type, id=f"{name}-{layer_type}-d{head_size}"))
     return cases
 
@@ -145,7 +146,7 @@ def record_outcome(request: pytest.FixtureRequest, record_property) -> Callable:
 
 @dataclass(frozen=True)
 class HazardSetup:
-    builder: object
+    builder: AttentionMetadataBuilder
     layer: AttentionLayerParams
     batch: PagedBatch
     expected: torch.Tensor
@@ -164,8 +165,9 @@ def hazard_setup(backend_name, dtype, pair, layer_type, direction, phase, device
     assert all(len(heads) == 1 for heads in role_heads.values()), role_heads
     assert role_heads["target"] != role_heads["draft"], f"{pair}: no head-count mix {role_heads}"
     (builder_heads,) = role_heads[builder_role]
+    spec = attention_spec(group)
     builder = get_backend(backend_name).get_builder_cls()(
-        group.kv_cache_spec,
+        spec,
         [layers[name] for name in group.layer_names],
         device,
         strict=False,
@@ -175,7 +177,6 @@ def hazard_setup(backend_name, dtype, pair, layer_type, direction, phase, device
     )
     assert builder.num_heads_q == builder_heads
     layer = next(layers[name] for name in group.layer_names if name in roles[served_role])
-    spec = group.kv_cache_spec
     batch = make_paged_batch(
         PHASES[phase],
         num_heads_q=layer.num_heads_q,

@@ -4,13 +4,20 @@ forms for the soft cap, the sliding window and the GQA head mapping."""
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from attngroup.kernels.attention_oracle import paged_attention_reference
-from attngroup.suites.kernels.batches import BATCHES_CPU, BatchSpec, PagedBatch, make_paged_batch
+from attngroup.suites.kernels.batches import (
+    BATCHES_CPU,
+    BatchMetadata,
+    BatchSpec,
+    PagedBatch,
+    make_paged_batch,
+)
 
 pytestmark = pytest.mark.kernels
 
@@ -137,9 +144,22 @@ def test_query_head_reads_kv_head_by_integer_division() -> None:
     torch.testing.assert_close(result, expected_heads.view(1, 6, 1).expand_as(result))
 
 
+class _OracleArguments(BatchMetadata):
+    """The oracle's keyword arguments that both precisions share, typed per key."""
+
+    sm_scale: float
+    logits_soft_cap: float
+    sliding_window: int
+
+
 def test_compute_dtype_float32_is_close_to_float64() -> None:
     batch = _batch("prefill", 8, 2, head_size=64)
-    arguments = dict(**batch.metadata(), sm_scale=0.125, logits_soft_cap=5.0, sliding_window=9)
+    arguments: _OracleArguments = {
+        **batch.metadata(),
+        "sm_scale": 0.125,
+        "logits_soft_cap": 5.0,
+        "sliding_window": 9,
+    }
     result = paged_attention_reference(
         batch.query.float(),
         batch.key_cache.float(),
@@ -154,7 +174,15 @@ def test_compute_dtype_float32_is_close_to_float64() -> None:
     torch.testing.assert_close(result.double(), expected, rtol=1e-5, atol=1e-6)
 
 
-METADATA_ERRORS = {
+class _MetadataOverrides(TypedDict, total=False):
+    """Some of a batch's metadata, replaced to make the batch inconsistent."""
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+
+
+METADATA_ERRORS: dict[str, tuple[_MetadataOverrides, str]] = {
     "query-start-loc-short-of-tokens": (
         dict(query_start_loc=torch.tensor([0, 3, 7])),
         "query_start_loc must run from 0 to num_tokens 8",
@@ -177,7 +205,7 @@ METADATA_ERRORS = {
 @pytest.mark.parametrize(
     ("overrides", "message"), list(METADATA_ERRORS.values()), ids=list(METADATA_ERRORS)
 )
-def test_inconsistent_metadata_raises(overrides: dict, message: str) -> None:
+def test_inconsistent_metadata_raises(overrides: _MetadataOverrides, message: str) -> None:
     batch = make_paged_batch(
         BatchSpec((10, 5), (3, 5)),
         num_heads_q=2,

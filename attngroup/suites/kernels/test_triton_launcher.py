@@ -19,6 +19,7 @@ from attngroup.kernels.ops.triton_launch_config import (
     MAX_3D_QUERY_LEN,
     MIN_SEGMENTS_3D,
     LaunchConfig,
+    LaunchKind,
     choose_launch_config,
     select_path,
     split_kv_segments,
@@ -120,6 +121,7 @@ def test_verify_reads_kv_once_per_request(
     if rows_needed <= cap:
         assert config.block_q(group_size) >= max_query_len
     assert config.block_m >= max(16, group_size)
+    assert config.num_segments is not None, "a 3D launch config carries its segment count"
     assert 1 <= config.num_segments <= DEFAULT_NUM_SEGMENTS
 
 
@@ -296,7 +298,7 @@ def test_scratch_mismatch_raises_before_any_launch(
 
 
 @pytest.mark.parametrize("path", ["2d", "3d"])
-def test_padding_tokens_are_left_untouched(path: str, device: torch.device) -> None:
+def test_padding_tokens_are_left_untouched(path: LaunchKind, device: torch.device) -> None:
     """Rows past query_start_loc[-1] (CUDA-graph padding) are neither read nor written."""
     batch = _batch(BATCHES_CPU["verify"], device=device)
     num_tokens = batch.spec.num_tokens

@@ -24,6 +24,7 @@ from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
     LaunchConfig,
+    LaunchKind,
     choose_launch_config,
 )
 from attngroup.kernels.ops.triton_unified_attention import unified_attention
@@ -58,7 +59,7 @@ class Case:
     block_size: int
     kind: str
     dtype: torch.dtype
-    path: str
+    path: LaunchKind
     sliding_window: int | None = None
     soft_cap: float | None = None
 
@@ -106,7 +107,7 @@ def _rotated_cases(
     for (num_heads_q, num_kv_heads), head_size, kind, dtype in combos:
         turn = seen_kind[kind]
         seen_kind[kind] += 1
-        paths = ("2d", "3d") if kind in SPLIT_KV_KINDS else ("2d",)
+        paths: tuple[LaunchKind, ...] = ("2d", "3d") if kind in SPLIT_KV_KINDS else ("2d",)
         cases.extend(
             Case(
                 on_gpu=on_gpu,
@@ -170,7 +171,7 @@ def _reference(batch: PagedBatch, case: Case) -> torch.Tensor:
 
 
 def _run(
-    batch: PagedBatch, case: Case, path: str, config: LaunchConfig | None = None
+    batch: PagedBatch, case: Case, path: LaunchKind, config: LaunchConfig | None = None
 ) -> torch.Tensor:
     """The kernel's output for ``batch``, after checking every element was written."""
     spec = batch.spec
@@ -237,7 +238,7 @@ SPLIT_KV_CASES = [
 ]
 
 
-def _heuristic(case: Case, batch: PagedBatch, path: str) -> LaunchConfig:
+def _heuristic(case: Case, batch: PagedBatch, path: LaunchKind) -> LaunchConfig:
     """The launcher's heuristic launch configuration for this case's batch on ``path``."""
     return choose_launch_config(
         num_heads_q=case.num_heads_q,
@@ -267,7 +268,7 @@ def _variant_param(
     head_size: int,
     kind: str,
     dtype: torch.dtype,
-    path: str,
+    path: LaunchKind,
     window: int | None,
     variant: dict,
 ):
