@@ -9,11 +9,13 @@ at ``compute_logits``) and the KV caches. On the CPU the graph runner replays th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 
+from attngroup.reference_engine.engine.cuda_graphs.graph_steps import GraphSteps
 from attngroup.reference_engine.engine.model_runner import ModelRunner
 from attngroup.reference_engine.engine.step import (
     ProposeInput,
@@ -46,6 +48,20 @@ class TwinRunners:
     def both(self) -> tuple[tuple[str, ModelRunner], ...]:
         return (("eager", self.eager), ("graph", self.graph))
 
+    @property
+    def graph_steps(self) -> GraphSteps:
+        """The graph runner's captured steps (it is made with ``cuda_graph=True``)."""
+        steps = self.graph.cuda_graphs
+        assert steps is not None, "the graph runner has no CUDA graphs"
+        return steps
+
+
+@runtime_checkable
+class LogitsDraft(Protocol):
+    """A draft model's logits head, which the suite records by replacing it."""
+
+    compute_logits: Callable[[torch.Tensor], torch.Tensor]
+
 
 def make_twins(pair: str, backend: str, dtype: str, *, record_drafts: bool = True) -> TwinRunners:
     """Eager and graph runners of one pair; ``record_drafts`` records every draft logits call
@@ -74,14 +90,16 @@ def make_twins(pair: str, backend: str, dtype: str, *, record_drafts: bool = Tru
 def _record_draft_logits(runner: ModelRunner) -> list[torch.Tensor]:
     """Every draft ``compute_logits`` result of ``runner`` (the draft steps' outputs), in order."""
     recorded: list[torch.Tensor] = []
-    compute = runner.draft.compute_logits
+    draft = runner.draft
+    assert isinstance(draft, LogitsDraft), f"{type(draft).__name__} has no compute_logits"
+    compute = draft.compute_logits
 
     def recording(hidden: torch.Tensor) -> torch.Tensor:
         logits = compute(hidden)
         recorded.append(logits.float().cpu())
         return logits
 
-    runner.draft.compute_logits = recording
+    draft.compute_logits = recording
     return recorded
 
 

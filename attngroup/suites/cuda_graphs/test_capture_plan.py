@@ -11,7 +11,9 @@ import pytest
 from attngroup.kernels.backends.cuda_graph_support import GroupGeometry, graph_support
 from attngroup.reference_engine.engine.cuda_graphs.capture_plan import (
     CaptureGroup,
+    CapturePlan,
     StepKind,
+    StepPlan,
     buckets_up_to,
     plan_capture,
 )
@@ -22,6 +24,13 @@ from attngroup.suites.cuda_graphs.harness import DEVICE
 
 def _group(name: str, backend: str, heads: int, kv_group: int = 0, head_size: int = 256):
     return CaptureGroup(name, kv_group, GroupGeometry(backend, heads, 1, head_size, None))
+
+
+def _step(plan: CapturePlan, kind: StepKind) -> StepPlan:
+    """The plan's step of ``kind``, which every plan here has (its buckets may be none)."""
+    step = plan.step(kind)
+    assert step is not None, f"the plan has no {kind.value} step"
+    return step
 
 
 @pytest.mark.parametrize(
@@ -41,7 +50,7 @@ def test_a_batch_runs_the_smallest_bucket_that_holds_it() -> None:
         max_num_seqs=64,
         block_table_widths={0: 10},
     )
-    step = plan.step(StepKind.VERIFY)
+    step = _step(plan, StepKind.VERIFY)
     assert step.query_len == 4
     assert [step.bucket_for(n) for n in (1, 3, 17, 64)] == [1, 4, 24, 64]
     assert step.bucket_for(65) is None
@@ -74,8 +83,8 @@ def test_a_group_that_cannot_be_captured_keeps_only_its_steps_eager() -> None:
         max_num_seqs=4,
         block_table_widths={0: 4},
     )
-    assert plan.step(StepKind.VERIFY).buckets == (1, 2, 4)
-    assert plan.step(StepKind.DRAFT).buckets == ()
+    assert _step(plan, StepKind.VERIFY).buckets == (1, 2, 4)
+    assert _step(plan, StepKind.DRAFT).buckets == ()
     text = "\n".join(plan.describe())
     assert "eager for group draft (4 q heads, head 256): the torch reference" in text
     assert "eager for group target" not in text
@@ -95,9 +104,11 @@ def test_every_group_decides_on_its_own_geometry(pair: str, caplog) -> None:
         cuda_graph=True,
         max_model_len=64,
     )
-    plan = runner.cuda_graphs.plan
+    graphs = runner.cuda_graphs
+    assert graphs is not None
+    plan = graphs.plan
     assert plan.decisions
-    layers_of = {g.name: g.layer_names for gs in runner.cuda_graphs.groups.values() for g in gs}
+    layers_of = {g.name: g.layer_names for gs in graphs.groups.values() for g in gs}
     for decision in plan.decisions:
         heads = {runner.layers[name].num_heads_q for name in layers_of[decision.group]}
         heads.discard(0)  # state layers have no query heads
@@ -106,8 +117,8 @@ def test_every_group_decides_on_its_own_geometry(pair: str, caplog) -> None:
     if get_model_pair(pair).is_mixed:
         assert len({d.num_heads_q for d in plan.decisions}) > 1
     if pair == "qwen3-next-mtp":  # the target's state group keeps the target eager, not the draft
-        assert plan.step(StepKind.VERIFY).buckets == ()
-        assert plan.step(StepKind.DRAFT).buckets == (1, 2, 4)
+        assert _step(plan, StepKind.VERIFY).buckets == ()
+        assert _step(plan, StepKind.DRAFT).buckets == (1, 2, 4)
         assert "run eagerly" in caplog.text and "state group" in "\n".join(plan.describe())
 
 

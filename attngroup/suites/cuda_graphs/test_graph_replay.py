@@ -114,14 +114,14 @@ def test_replay_equals_eager(pair: str, backend: str, dtype: str, num_reqs: int,
         request.getfixturevalue("flashinfer_standin_module")
     twins = twins_for(pair, backend, dtype)
     before = poison(twins, seed=num_reqs)
-    counts_before = dict(twins.graph.cuda_graphs.counts)
+    counts_before = dict(twins.graph_steps.counts)
     for name in ("eager", "graph"):
         twins.draft_logits[name].clear()
 
     results = run_rounds(twins, pair, num_reqs, seed=num_reqs)
 
-    counts = twins.graph.cuda_graphs.counts
-    plan = twins.graph.cuda_graphs.plan
+    counts = twins.graph_steps.counts
+    plan = twins.graph_steps.plan
     for kind in (StepKind.VERIFY, StepKind.DRAFT):
         step = plan.step(kind)
         if step is not None and step.bucket_for(num_reqs) is not None:
@@ -159,7 +159,7 @@ def test_groups_are_captured_with_their_own_head_counts(
     twins = twins_for(pair, backend, dtype)
     poison(twins, seed=7)
     run_rounds(twins, pair, 2, seed=7)
-    captured = twins.graph.cuda_graphs._captured
+    captured = twins.graph_steps._captured
     assert {kind for kind, _ in captured} >= {StepKind.VERIFY, StepKind.DRAFT}
     heads_seen = set()
     for step in captured.values():

@@ -88,6 +88,7 @@ def dense_attention(
         ctx.keys[name], ctx.values[name] = key, value  # a pass over the whole sequence
     source = ctx.kv_source.get(name, name)
     keys, values = ctx.keys[source].double(), ctx.values[source].double()
+    assert module.impl is not None, f"layer {name}: no attention backend bound"
     layer = module.impl.layer
     group = query.shape[1] // keys.shape[1]
     scores = layer.sm_scale * torch.einsum(
@@ -125,8 +126,8 @@ def dense_context(runner: ModelRunner, positions, mask_positions=None) -> DenseC
     sources = {}
     for name in runner.layers:
         source = name
-        while runner.layers[source].kv_sharing_target is not None:
-            source = runner.layers[source].kv_sharing_target
+        while (owner := runner.layers[source].kv_sharing_target) is not None:
+            source = owner
         if source != name:
             sources[name] = source
     return DenseContext(positions, positions if mask_positions is None else mask_positions, sources)
@@ -148,6 +149,7 @@ def oracle_draft_model(runner, token_ids: list[int], drafts: list[int]) -> Oracl
         ctx = dense_context(runner, range(len(sequence)))
         hidden = runner.draft(tokens(runner, sequence), ctx)
         probs.append(torch.softmax(runner.draft.compute_logits(hidden[-1:])[0], dim=-1))
+    assert ctx is not None, "no draft steps to recompute"
     return OracleResult(probs, _own_kv(runner, ctx))
 
 
@@ -164,6 +166,7 @@ def oracle_hidden_conditioned(
         normed, feedback = runner.draft(tokens(runner, sequence[1 : entries + 1]), hidden_in, ctx)
         probs.append(torch.softmax(runner.draft.compute_logits(normed[-1:])[0], dim=-1))
         hidden_in = torch.cat([hidden_in, feedback[-1:]])
+    assert ctx is not None, "no draft steps to recompute"
     return OracleResult(probs, _own_kv(runner, ctx))
 
 
@@ -338,8 +341,8 @@ def test_paged_draft_steps_equal_the_unpaged_recompute(
                 oracle = oracle_hidden_conditioned(runner, request.request_id, token_ids, drafted)
             else:
                 oracle = oracle_constant_position(runner, token_ids, drafted)
-            for step, expected in enumerate(oracle.probs):
-                error = relative_error(drafts.draft_probs[row, step], expected)
+            for step, oracle_probs in enumerate(oracle.probs):
+                error = relative_error(drafts.draft_probs[row, step], oracle_probs)
                 assert error < PROB_RTOL, f"{request.request_id} step {step + 1}: {error:.2e}"
             for layer, (keys, values) in oracle.kv.items():
                 paged_keys, paged_values = paged_kv(

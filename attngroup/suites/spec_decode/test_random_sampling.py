@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attngroup.reference_engine.engine.llm_engine import LLMEngine
 from attngroup.reference_engine.engine.rejection_sampler import num_emitted, random_rejection_sample
 from attngroup.reference_engine.engine.request import SamplingParams
 from attngroup.reference_engine.engine.step import (
@@ -22,7 +23,13 @@ from attngroup.reference_engine.engine.step import (
     StepBatch,
 )
 from attngroup.suites.engine_units.chi_square import chi_square_pvalue
-from attngroup.suites.spec_decode.harness import MAX_TOKENS, PAIRS, case_marks, prompts_for
+from attngroup.suites.spec_decode.harness import (
+    MAX_TOKENS,
+    PAIRS,
+    EngineFactory,
+    case_marks,
+    prompts_for,
+)
 
 NUM_SAMPLES = 20000
 # Random tiny models are nearly uniform over the vocabulary at T = 1; at 0.2 both the
@@ -74,7 +81,7 @@ def test_rejection_sampler_follows_the_target_with_real_models(engines, pair: st
     assert abs(acceptance - float(torch.minimum(target, draft).sum())) < 0.02
 
 
-def _random_run(engines, pair: str, seed: int) -> tuple[list[list[int]], object]:
+def _random_run(engines: EngineFactory, pair: str, seed: int) -> tuple[list[list[int]], LLMEngine]:
     engine = engines.engine(pair, num_spec_tokens=3, seed=seed)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=TEMPERATURE)
     outputs = engine.generate(
