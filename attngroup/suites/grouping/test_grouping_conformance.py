@@ -42,7 +42,9 @@ PAIRS = [
     pytest.param(name, id=name, marks=[pytest.mark.mtp] if pair.is_mtp else [])
     for name, pair in MODEL_PAIRS.items()
 ]
-MIXED_PAIRS = [p for p in PAIRS if MODEL_PAIRS[p.values[0]].is_mixed]
+MIXED_PAIRS = [
+    param for param, pair in zip(PAIRS, MODEL_PAIRS.values(), strict=True) if pair.is_mixed
+]
 
 _OUTCOMES: dict[tuple, GroupingOutcome] = {}
 

@@ -87,6 +87,10 @@ def group(spec: KVCacheSpec, *layer_numbers: int | str) -> KVCacheGroupSpec:
 
 FULL, SLIDING = full_spec(), sliding_spec()
 MIXED_HEADS = layers(full_spec(head_size=128), full_spec(head_size=64))
+# The one spec of their group: same type and block size, per-layer sizes kept.
+MIXED_HEADS_UNIFORM = UniformTypeKVCacheSpecs(
+    block_size=16, kv_cache_specs=tuple(MIXED_HEADS.items())
+)
 
 VLLM_TABLE_CASES = [
     pytest.param(hybrid(2, 0), [group(FULL, 1, 2)], id="2full-one-group"),
@@ -114,7 +118,7 @@ VLLM_TABLE_CASES = [
     ),
     pytest.param(
         MIXED_HEADS,
-        [group(UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=MIXED_HEADS), 1, 2)],
+        [group(MIXED_HEADS_UNIFORM, 1, 2)],
         id="full-head128+full-head64-uniform-type",
     ),
     pytest.param(
@@ -199,11 +203,7 @@ SHARING_CASES = [
     pytest.param(
         MIXED_HEADS,
         {"draft_0": "layer_2"},
-        [
-            group(
-                UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=MIXED_HEADS), 1, 2, "draft_0"
-            )
-        ],
+        [group(MIXED_HEADS_UNIFORM, 1, 2, "draft_0")],
         id="joins-uniform-type-group",
     ),
 ]

@@ -92,9 +92,7 @@ def load(path: Path) -> dict:
     return data
 
 
-def _state(result: dict | None) -> tuple[str, str | None] | None:
-    if result is None:
-        return None
+def _state(result: dict) -> tuple[str, str | None]:
     return result["verdict"], result.get("check") if result["verdict"] == FAIL else None
 
 
@@ -105,7 +103,7 @@ def timeline(verdict_sets: Sequence[dict]) -> tuple[list[str], list[str], dict]:
     pairs = list(dict.fromkeys(name for v in ordered for name in v["pairs"]))
     cells: dict[tuple[str, str], Cell] = {}
     for pair in pairs:
-        previous = None
+        previous: tuple[str, str | None] | None = None
         for data in ordered:
             result = data["pairs"].get(pair)
             if result is None:
@@ -113,7 +111,7 @@ def timeline(verdict_sets: Sequence[dict]) -> tuple[list[str], list[str], dict]:
             state = _state(result)
             changed = previous is not None and state != previous
             prs: tuple[str, ...] = ()
-            if changed and {previous[0], state[0]} <= {PASS, FAIL}:
+            if previous is not None and changed and {previous[0], state[0]} <= {PASS, FAIL}:
                 prs = KNOWN_CHANGES.get((previous[1], state[1]), ())
             cells[(pair, data["vllm"])] = Cell(result, changed, prs)
             previous = state
