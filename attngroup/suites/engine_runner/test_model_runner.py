@@ -247,6 +247,8 @@ def test_wait_for_device_synchronizes_cuda_only(monkeypatch, device, synchronize
 
 
 class _Tiny(nn.Module):
+    scale: torch.Tensor  # a buffer
+
     def __init__(self) -> None:
         super().__init__()
         self.proj = nn.Linear(4, 3, bias=False)

@@ -24,6 +24,7 @@ from attngroup.reference_engine.engine.spec_decode.hidden_states import HiddenSt
 from attngroup.reference_engine.engine.step import ProposeRequest
 from attngroup.reference_engine.engine.step_rows import StepRows
 from attngroup.reference_engine.models import DraftKind
+from attngroup.reference_engine.models.common import ForwardContext
 
 pytestmark = pytest.mark.spec_decode
 
@@ -73,9 +74,10 @@ def drafter(cls, passes: list[StepRows]):
     target_hidden.write("r", 0, torch.zeros(16, HIDDEN))
     model = StandInDraft(conditioned=cls is not DraftModelDrafter)
 
-    def forward_context(rows: StepRows) -> StepRows:
+    def forward_context(rows: StepRows) -> ForwardContext:
+        """Records the pass; the stand-in draft reads nothing of its context."""
         passes.append(rows)
-        return rows
+        return ForwardContext(torch.zeros(0, dtype=torch.int64), {}, {}, {})
 
     inputs = DraftInputs(
         model=model,
