@@ -26,7 +26,7 @@ import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol, cast
 
 from attngroup.reference_engine.layers import LayerDescription, Role
 
@@ -300,7 +300,14 @@ def _describe(
         )
 
 
-def attention_backend(name: str) -> type:
+class AttentionBackendClass(Protocol):
+    """What the adapter asks of a vLLM attention backend class besides vLLM's own uses."""
+
+    @staticmethod
+    def get_builder_cls() -> type[object]: ...
+
+
+def attention_backend(name: str) -> type[AttentionBackendClass]:
     """The vLLM backend class for a layer whose backend is ``name``.
 
     ``triton`` is vLLM's Triton backend itself, resolved through its registry.
@@ -317,11 +324,13 @@ def attention_backend(name: str) -> type:
 
 
 @functools.cache
-def _named_subclass(base: type, name: str) -> type:
+def _named_subclass(base: type[AttentionBackendClass], name: str) -> type[AttentionBackendClass]:
     if not name.isidentifier():
         raise ValueError(f"backend name {name!r} is not an identifier")
     qualname = f"{name.title()}AsTritonBackend"
-    return type(qualname, (base,), {"__module__": __name__, "__qualname__": qualname})
+    subclass = type(qualname, (base,), {"__module__": __name__, "__qualname__": qualname})
+    # type() with a base is typed plain ``type``; the class it makes is a subclass of base.
+    return cast(type[AttentionBackendClass], subclass)
 
 
 def state_backend(vllm_spec: Any) -> type:

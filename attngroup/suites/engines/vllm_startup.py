@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -140,6 +140,14 @@ class StandInV1Runner:
         nothing about grouping; on a CPU nothing is captured."""
 
 
+class V1GroupingMethods(Protocol):
+    """vLLM's ``GPUModelRunner`` class as start-up uses it: its grouping methods, called
+    unbound on a ``StandInV1Runner`` with the ``KVCacheConfig``."""
+
+    maybe_add_kv_sharing_layers_to_kv_cache_groups: Callable[[StandInV1Runner, Any], None]
+    initialize_attn_backend: Callable[[StandInV1Runner, Any], None]
+
+
 @dataclass(frozen=True)
 class StartUp:
     """The grouping steps of the installed release, as callables of its own."""
@@ -150,7 +158,7 @@ class StartUp:
     worker_groups: Callable[..., list[Any]] | None
     add_kv_sharing_layers: Callable[[dict[str, str], list[Any]], None]
     kv_cache_config_class: type
-    v1_runner: type | None
+    v1_runner: V1GroupingMethods | None
     v2_init_attn_backend: Callable[..., tuple[Any, ...]] | None
     runner_rule: property | None
 
@@ -213,11 +221,12 @@ class StartUp:
         count, the KV-sharing step."""
         from attngroup.suites.engines.vllm_standins import TRITON, attention_backend
 
-        grouping = (
-            self.v1_runner.initialize_attn_backend if runner == V1 else self.v2_init_attn_backend
-        )
+        if runner == V1:
+            assert self.v1_runner is not None, "choose_runner picks only a runner vLLM has"
+            site = definition_site(self.v1_runner.initialize_attn_backend)
+        else:
+            site = definition_site(self.v2_init_attn_backend)
         builder = attention_backend(TRITON).get_builder_cls()
-        site = definition_site(grouping)
         return {
             "partition": site,
             "homogeneity": site,
