@@ -89,9 +89,9 @@ def cases(
         contexts = {name: contexts[name] for name in context_names}
     if quick:
         contexts = dict(list(contexts.items())[:1])
-    result = []
+    result: list[Case] = []
     for shape_name in shape_names:
-        modes = ALL_MODES if SHAPES[shape_name].has_draft else ALL_MODES[:2]
+        modes: Sequence[str] = ALL_MODES if SHAPES[shape_name].has_draft else ALL_MODES[:2]
         if quick:
             modes = QUICK_CASES.get(shape_name, ())
         modes = [mode for mode in modes if mode in mode_names]

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -217,6 +218,7 @@ def print_row(
     if timing is None:
         print(f"{text} ran once (KV {case.kv_bytes / 1e6:.3f} MB){note}", flush=True)
         return
+    assert copy_bw is not None, "a timed run has the copy bandwidth measured before it"
     kv_bw = case.kv_bytes / (timing.median_us * 1e-6)
     print(
         f"{text} {timing.median_us:9.1f} us  p10 {timing.percentile_us(10):9.1f}  "
@@ -246,20 +248,22 @@ def graph_replay_metrics(
         return [], False
     run.output.fill_(float("nan"))
     replay()
-    error = check_against_oracle(run, case, common, cache, query)
+    relative_error = check_against_oracle(run, case, common, cache, query)
     prefix = f"{case.name}.{run.backend}"
-    metrics = [Metric(f"{prefix}.graph_relative_error", error, "ratio", [], False)]
-    if not error < MAX_RELATIVE_ERROR:
+    metrics = [Metric(f"{prefix}.graph_relative_error", relative_error, "ratio", [], False)]
+    if not relative_error < MAX_RELATIVE_ERROR:
         print(
-            f"{case.name} {run.backend} (CUDA graph): relative error {error:.2e}", file=sys.stderr
+            f"{case.name} {run.backend} (CUDA graph): relative error {relative_error:.2e}",
+            file=sys.stderr,
         )
     timing = None
     if not args.dry_run:
+        assert flush is not None, "runs that are timed have an L2 flush buffer"
         timing = time_cuda(replay, warmup=args.warmup, runs=args.runs, flush=flush)
         samples = list(timing.samples_us)
         metrics.append(Metric(f"{prefix}.graph_latency", timing.median_us, "us", samples, False))
     print_row(case, replace(run, path=f"{run.path} graph"), timing, copy_bw)
-    return metrics, error < MAX_RELATIVE_ERROR
+    return metrics, relative_error < MAX_RELATIVE_ERROR
 
 
 @dataclass(frozen=True)
@@ -413,6 +417,7 @@ def run_cases(
                 status = 1
             print_row(case, run, timings.get(name), copy_bw)
             if name in timings:
+                assert copy_bw is not None, "runs that are timed have the copy bandwidth"
                 metrics.extend(backend_metrics(case, run, timings[name], copy_bw))
             if args.cuda_graph:
                 graph_metrics, graph_ok = graph_replay_metrics(
@@ -427,13 +432,13 @@ def run_cases(
 
 
 def cases_with_caches(args: argparse.Namespace, device) -> Iterator[tuple[Case, KVCache]]:
-    """Each case with its cache, allocated once per (shape, context)."""
-    cache_key, cache = None, None
-    for case in cases(args.quick, args.tiny, args.shapes, args.contexts, args.modes):
-        if (case.shape_name, case.context_name) != cache_key:
-            cache = KVCache.random(case, device)
-            cache_key = (case.shape_name, case.context_name)
-        yield case, cache
+    """Each case with its cache, allocated once per run of cases of one (shape, context)."""
+    all_cases = cases(args.quick, args.tiny, args.shapes, args.contexts, args.modes)
+    for _, same_cache in groupby(all_cases, key=lambda case: (case.shape_name, case.context_name)):
+        sharing = list(same_cache)
+        cache = KVCache.random(sharing[0], device)
+        for case in sharing:
+            yield case, cache
 
 
 def write_outputs(

@@ -14,6 +14,7 @@ from attngroup.kernels.backends.flashinfer_attn import (
     FA2_PREFILL,
     TENSOR_CORE_DECODE,
     VERIFY_DECODE,
+    QueryShape,
     WrapperChoice,
     choose_wrapper,
 )
@@ -34,7 +35,7 @@ backends (SM100 kernels; FlashInfer's ``auto`` takes cuDNN only on SM100)."""
 FA3_MAX_HEAD_SIZE = 256  # FA3 builds no 512-wide head
 
 
-def case_queries(case: Case) -> str:
+def case_queries(case: Case) -> QueryShape:
     return "single" if case.query_len == 1 else "uniform"
 
 

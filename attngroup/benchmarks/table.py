@@ -118,8 +118,7 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
         header += " Triton graph us | graph vs decode |"
     lines = [header, "|" + " --- |" * (header.count("|") - 1)]
     for r in results:
-        decode = by_key.get(("decode", r.shape, r.context))
-        versus_decode = r.mode != "decode" and decode is not None
+        decode = None if r.mode == "decode" else by_key.get(("decode", r.shape, r.context))
         best = r.best_peer
         versus_best = "—" if best is None else f"{r.triton_us / r.peer_us[best]:.2f} ({best})"
         line = (
@@ -127,11 +126,11 @@ def markdown_table(results: Sequence[CaseResult]) -> str:
             f"{100 * r.fraction_of_copy:.1f} % |"
             + "".join(f" {_peer_cell(r, peer)} |" for peer in peers)
             + f" {versus_best} | "
-            f"{_ratio(r.triton_us, decode.triton_us) if versus_decode else ''} |"
+            f"{'' if decode is None else _ratio(r.triton_us, decode.triton_us)} |"
         )
         if graphs:
             graph_versus = (
-                _ratio(r.triton_graph_us, decode.triton_graph_us) if versus_decode else ""
+                "" if decode is None else _ratio(r.triton_graph_us, decode.triton_graph_us)
             )
             line += f" {_microseconds(r.triton_graph_us)} | {graph_versus} |"
         lines.append(line)

@@ -120,19 +120,23 @@ def _stand_ins() -> dict[str, types.ModuleType]:
         package = types.ModuleType(name)
         package.__path__ = []  # a package, so that submodule imports resolve through sys.modules
         modules[name] = package
-    envs = modules["vllm.envs"] = types.ModuleType("vllm.envs")
-    envs.VLLM_BATCH_INVARIANT = False
-    logger = modules["vllm.logger"] = types.ModuleType("vllm.logger")
-    logger.init_logger = lambda name: _Logger(logging.getLogger(name), {})
-    platforms = modules["vllm.platforms"] = types.ModuleType("vllm.platforms")
-    platforms.current_platform = _Platform()
-    triton_utils = modules["vllm.triton_utils"] = types.ModuleType("vllm.triton_utils")
-    triton_utils.tl, triton_utils.triton = tl, triton
-    interface = modules["vllm.v1.kv_cache_interface"] = types.ModuleType(
-        "vllm.v1.kv_cache_interface"
-    )
-    interface.KVQuantMode = KVQuantMode
+    stand_ins = [
+        _module("vllm.envs", VLLM_BATCH_INVARIANT=False),
+        _module("vllm.logger", init_logger=lambda name: _Logger(logging.getLogger(name), {})),
+        _module("vllm.platforms", current_platform=_Platform()),
+        _module("vllm.triton_utils", tl=tl, triton=triton),
+        _module("vllm.v1.kv_cache_interface", KVQuantMode=KVQuantMode),
+    ]
+    modules.update((module.__name__, module) for module in stand_ins)
     return modules
+
+
+def _module(name: str, **attributes: object) -> types.ModuleType:
+    """A module holding ``attributes``, set through its namespace: a bare ``ModuleType``
+    declares none of these names, so assigning them as attributes does not type-check."""
+    module = types.ModuleType(name)
+    vars(module).update(attributes)
+    return module
 
 
 @contextmanager

@@ -161,6 +161,7 @@ class StepMetadataBuilder:
 
     def _wait_for_previous_copy(self) -> None:
         if self._copy_pending:
+            assert self._copy_done is not None, "only a recorded event leaves a copy pending"
             self._copy_done.synchronize()
             self._copy_pending = False
 

@@ -249,7 +249,7 @@ def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flu
     bench = CaseBench(case, torch.device("cuda"))
     heuristic = bench.heuristic()
     runnable = {}
-    rows = {}
+    rows: dict[str, dict[str, object]] = {}  # variant name -> its JSON row
     for variant in variants:
         config = variant.config(heuristic)
         try:

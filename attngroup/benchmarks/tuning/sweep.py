@@ -77,7 +77,7 @@ def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> lis
     )
     heuristic = heuristic_launch_config(case)
     flush = l2_flush_buffer(device)
-    results = []
+    results: list[dict[str, object]] = []  # JSON rows
     segments = space.num_segments if path == "3d" else (1,)
     grid = itertools.product(
         space.block_m or (heuristic.block_m,),

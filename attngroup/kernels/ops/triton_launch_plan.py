@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
@@ -190,8 +190,16 @@ def plan_launch(
         assert scratch is not None  # select_path returns "3d" only with scratch
         if fill_waves:
             plan = _assemble(call, chosen, _fill_waves(call, plan, wave_slots(plan)))
+        assert plan.scratch_needs is not None  # _assemble states them for every split-KV plan
         check_scratch(scratch, plan.scratch_needs)
     return plan
+
+
+class JitKernel(Protocol):
+    """What ``ConstexprSignature`` reads of a ``@triton.jit`` kernel (compiled or
+    interpreted): the Python function it wraps."""
+
+    fn: Callable[..., object]
 
 
 @dataclass(frozen=True)
@@ -204,7 +212,7 @@ class ConstexprSignature:
     optional: frozenset[str]
 
     @classmethod
-    def of(cls, kernel: object) -> ConstexprSignature:
+    def of(cls, kernel: JitKernel) -> ConstexprSignature:
         parameters = inspect.signature(kernel.fn).parameters.values()
         constexprs = [p for p in parameters if _is_constexpr(p.annotation)]
         return cls(
@@ -272,6 +280,7 @@ def _assemble(call: _Call, path: LaunchKind, config: LaunchConfig) -> LaunchPlan
     else:
         grid_q_blocks = call.num_tokens // block_q + call.num_seqs
     num_segments = config.num_segments if split_kv else 1
+    assert num_segments is not None  # plan_launch resolves the segment count before assembling
     attention = KernelLaunch(
         # A q-block's value parts are neighbours on axis 0, so their K reads meet in L2.
         grid=(grid_q_blocks * config.value_splits, call.num_kv_heads, num_segments),
