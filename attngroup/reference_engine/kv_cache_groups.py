@@ -219,7 +219,8 @@ def _group_layers_with_own_specs(
         # Strided, not contiguous: with pipeline parallelism each stage then
         # holds about the same share of every group (vLLM's reasoning).
         layer_lists.extend(bucket[i::num_groups] for i in range(num_groups))
-    group_specs = [_merge_all([unified[name] for name in names]) for names in layer_lists]
+    # A bucket's specs merge, so do those of any part of it.
+    group_specs = [_merge([unified[name] for name in names]) for names in layer_lists]
     return layer_lists, group_specs
 
 
@@ -247,9 +248,14 @@ def _buckets_of_mergeable_specs(specs: dict[str, KVCacheSpec]) -> list[list[str]
 def _merge_all(specs: list[KVCacheSpec]) -> KVCacheSpec | None:
     """The merged spec, or None when the specs cannot share one group."""
     try:
-        return type(specs[0]).merge(specs)
+        return _merge(specs)
     except SpecMergeError:
         return None
+
+
+def _merge(specs: list[KVCacheSpec]) -> KVCacheSpec:
+    """The merged spec; raises SpecMergeError when the specs cannot share one group."""
+    return type(specs[0]).merge(specs)
 
 
 def _check_specs(specs: Mapping[str, KVCacheSpec]) -> None:

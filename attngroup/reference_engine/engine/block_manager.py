@@ -79,7 +79,7 @@ class GroupLayout:
 
     def first_needed_block(self, num_computed_tokens: int) -> int:
         """Index of the first block a query at ``num_computed_tokens`` or later can read."""
-        if self.kind is not GroupKind.SLIDING:
+        if self.sliding_window is None:  # only a sliding group has a window (__post_init__)
             return 0
         return max(0, num_computed_tokens - self.sliding_window + 1) // self.block_size
 

@@ -229,6 +229,7 @@ class LLMEngine:
             return [int(sample(logits[-1], temperature, self.generator))]
         drafts = torch.tensor([request.spec_token_ids[: item.num_draft_tokens]], dtype=torch.long)
         target_logits = logits[None, -(item.num_draft_tokens + 1) :]
+        assert request.spec_probs is not None  # set with the drafts (Proposer.propose)
         draft_probs = request.spec_probs[None, : item.num_draft_tokens].float().cpu()
         out = random_rejection_sample(
             drafts, draft_probs, probs_from_logits(target_logits, temperature), self.generator

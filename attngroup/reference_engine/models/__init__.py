@@ -19,12 +19,11 @@ from enum import StrEnum
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from attngroup.reference_engine.families import family_named
 from attngroup.reference_engine.families.family import DraftAttach, ModelFamily
 from attngroup.reference_engine.model_pairs import ModelPair, SpecMethod
-from attngroup.reference_engine.models.common import FamilyModels
+from attngroup.reference_engine.models.common import FamilyModels, LanguageModel
 from attngroup.reference_engine.models.parallel import SINGLE, TensorParallel, shard_for
 from attngroup.reference_engine.models.weights import load_weights, skipping
 
@@ -37,8 +36,8 @@ class DraftKind(StrEnum):
 
 @dataclass
 class PairModels:
-    target: nn.Module
-    draft: nn.Module
+    target: LanguageModel
+    draft: LanguageModel
     draft_kind: DraftKind
 
 

@@ -10,7 +10,8 @@ implementation with the metadata that group's builder built this step.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -128,6 +129,8 @@ class RotaryEmbedding(nn.Module):
     frequencies are kept signed, ``[-f, f]``: cos is even, and sin's sign on the first
     half is rotate_half's, so the rotation is ``x * cos + roll(x, rotary_dim / 2) * sin``.
     """
+
+    signed_freq: torch.Tensor  # a non-persistent buffer (registered in __init__)
 
     def __init__(self, inv_freq: torch.Tensor) -> None:
         super().__init__()
@@ -316,13 +319,22 @@ class PagedAttention(nn.Module):
         return output
 
 
+class LanguageModel(nn.Module, ABC):
+    """A pair's target or draft as the engine runs it: ``forward`` returns hidden states;
+    ``compute_logits`` is a step of its own so that the engine projects only the rows it samples."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [rows, vocab] of final-normed hidden states [rows, hidden]."""
+
+
 @dataclass(frozen=True)
 class FamilyModels:
     """A pair's engine models as its family's builder makes them (weights not loaded);
     ``draft_skips``: prefixes of draft checkpoint tensors the engine does not load."""
 
-    target: nn.Module
-    draft: nn.Module
+    target: LanguageModel
+    draft: LanguageModel
     draft_skips: tuple[str, ...] = ()
 
 
@@ -351,7 +363,7 @@ class DecoderStack(nn.Module):
         return x
 
 
-class CausalLM(nn.Module):
+class CausalLM(LanguageModel):
     """A decoder stack (embedding, layers, final norm) under ``lm_head``, with
     transformers' ``*ForCausalLM`` names. ``forward`` returns the final-normed hidden
     states (the input of ``lm_head``)."""
@@ -368,7 +380,7 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
 
-class HiddenConditionedDraft(nn.Module):
+class HiddenConditionedDraft(LanguageModel):
     """An EAGLE / MTP draft: one or more decoder layers fed with the target's
     hidden state at position p and the embedding of token p + 1.
 
@@ -378,7 +390,9 @@ class HiddenConditionedDraft(nn.Module):
     into its next step is its last layer's output before the final norm.
     """
 
-    def __init__(self, stack: nn.Module, make_norm, *, input_norms: bool) -> None:
+    def __init__(
+        self, stack: DecoderStack, make_norm: Callable[[int], nn.Module], *, input_norms: bool
+    ) -> None:
         super().__init__()
         hidden = stack.hidden_size
         self.model = stack

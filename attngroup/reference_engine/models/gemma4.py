@@ -25,6 +25,7 @@ from attngroup.reference_engine.models.common import (
     AttentionProjections,
     ForwardContext,
     GatedMLP,
+    LanguageModel,
     PagedAttention,
     RMSNorm,
     RotaryEmbedding,
@@ -97,6 +98,8 @@ class Gemma4Attention(AttentionProjections):
 
 class Gemma4DecoderLayer(nn.Module):
     """One layer around its attention (a KV-shared one gets the double-wide MLP, if set)."""
+
+    layer_scalar: torch.Tensor  # a buffer (registered in __init__)
 
     def __init__(
         self, config: Gemma4TextConfig, self_attn: Gemma4Attention, tp: TensorParallel
@@ -228,7 +231,7 @@ class Gemma4TextModel(Gemma4Stack):
         return self.norm(self.run_layers(embeds, self.per_layer_inputs(token_ids, embeds), ctx))
 
 
-class Gemma4ForCausalLM(nn.Module):
+class Gemma4ForCausalLM(LanguageModel):
     def __init__(
         self, config: Gemma4TextConfig, layer_prefix: str = "model", tp: TensorParallel = SINGLE
     ) -> None:

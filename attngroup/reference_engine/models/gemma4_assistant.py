@@ -28,12 +28,12 @@ from torch import nn
 from transformers import Gemma4AssistantConfig
 
 from attngroup.reference_engine.model_pairs import ModelPair
-from attngroup.reference_engine.models.common import FamilyModels, ForwardContext
+from attngroup.reference_engine.models.common import FamilyModels, ForwardContext, LanguageModel
 from attngroup.reference_engine.models.gemma4 import Gemma4ForCausalLM, Gemma4Stack, Gemma4TextModel
 from attngroup.reference_engine.models.parallel import SINGLE, TensorParallel
 
 
-class Gemma4Assistant(nn.Module):
+class Gemma4Assistant(LanguageModel):
     def __init__(
         self,
         config: Gemma4AssistantConfig,

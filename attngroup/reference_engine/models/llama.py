@@ -75,6 +75,7 @@ class DenseAttention(AttentionProjections):
         tokens = x.shape[0]
         q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        assert self.v_proj is not None  # only Gemma 4 reads its values from the keys (v_is_k)
         v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)

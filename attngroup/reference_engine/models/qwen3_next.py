@@ -69,6 +69,7 @@ class GatedAttention(AttentionProjections):
         k = self.rotary(
             self.k_norm(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)), ctx
         )
+        assert self.v_proj is not None  # only Gemma 4 reads its values from the keys (v_is_k)
         v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         out = self.attn(q, k, v, ctx).reshape(tokens, -1) * torch.sigmoid(gate.reshape(tokens, -1))
         return self.tp.all_reduce(self.o_proj(out))
@@ -191,6 +192,24 @@ class StateMixer(nn.Module):
         return self.tp.all_reduce(self.out_proj(self.norm(out, z).reshape(tokens, -1)))
 
 
+class RouterGate(nn.Module):
+    """The router's weight [experts, hidden], under transformers' name ``gate.weight``."""
+
+    def __init__(self, num_experts: int, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_experts, hidden))
+
+
+class StackedExperts(nn.Module):
+    """The routed experts' projections, stacked on a leading expert axis (transformers'
+    ``experts.gate_up_proj`` and ``experts.down_proj``)."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.zeros(num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.zeros(num_experts, hidden, inter))
+
+
 class SparseMoe(nn.Module):
     """Top-k routed experts plus a gated shared expert (transformers' names)."""
 
@@ -200,11 +219,8 @@ class SparseMoe(nn.Module):
         inter = tp.split(full_inter, "expert columns")
         self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
-        self.gate = nn.Module()
-        self.gate.weight = nn.Parameter(torch.zeros(config.num_experts, hidden))
-        self.experts = nn.Module()
-        self.experts.gate_up_proj = nn.Parameter(torch.zeros(config.num_experts, 2 * inter, hidden))
-        self.experts.down_proj = nn.Parameter(torch.zeros(config.num_experts, hidden, inter))
+        self.gate = RouterGate(config.num_experts, hidden)
+        self.experts = StackedExperts(config.num_experts, hidden, inter)
         self.shared_expert = GatedMLP(
             hidden, config.shared_expert_intermediate_size, config.hidden_act, tp, reduce=False
         )
@@ -244,6 +260,7 @@ class Qwen3NextDecoderLayer(nn.Module):
                 config, f"{layer_prefix}.layers.{index}.self_attn.attn", tp
             )
         sparse = index not in config.mlp_only_layers and config.num_experts > 0
+        self.mlp: SparseMoe | GatedMLP
         if sparse and (index + 1) % config.decoder_sparse_step == 0:
             self.mlp = SparseMoe(config, tp)
         else:

@@ -204,7 +204,7 @@ def load_weights(
     parameter must be loaded exactly once with the expected shape.
     """
     checkpoint = load_file(str(path))
-    targets = dict(module.named_parameters())
+    targets: dict[str, torch.Tensor] = dict(module.named_parameters())
     targets.update(
         (name, buffer)
         for name, buffer in module.named_buffers()

@@ -132,7 +132,9 @@ def plan_capture(
     """The capture plan of the step kinds in ``step_groups`` (kind -> names of the groups it
     runs). ``block_table_widths[g]``: KV-cache group g's columns at the captured capacity."""
     by_name = {group.name: group for group in groups}
-    steps, decisions, buffers = [], [], []
+    steps: list[StepPlan] = []
+    decisions: list[GroupDecision] = []
+    buffers: list[tuple[StepKind, int, GroupBuffers]] = []
     for kind, names in step_groups.items():
         query_len = num_spec_tokens + 1 if kind is StepKind.VERIFY else 1
         members = [by_name[name] for name in names]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -37,11 +37,19 @@ DraftSteps = tuple[list[torch.Tensor], list[torch.Tensor]]
 Feedback = TypeVar("Feedback")
 
 
+class DraftModel(Protocol):
+    """What a drafter calls of the pair's draft (a ``LanguageModel``, or a test's stand-in)."""
+
+    __call__: Callable[..., Any]  # nn.Module's own type for calling its forward
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclass(frozen=True)
 class DraftInputs:
     """What a drafter reads from the model runner."""
 
-    model: nn.Module  # the pair's draft, bound to the paged KV cache
+    model: DraftModel  # the pair's draft, bound to the paged KV cache
     device: torch.device
     # A pass's ForwardContext over the draft's KV-cache groups (its metadata is
     # valid until the next pass builds).
