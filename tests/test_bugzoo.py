@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attngroup.bugzoo.__main__ import main
-from attngroup.bugzoo.zoo import ZooError, load_entries, markdown_table, run_zoo
+from attngroup.bugzoo.__main__ import REPOSITORY, ZOO, main
+from attngroup.bugzoo.zoo import ZooError, git_apply, load_entries, markdown_table, run_zoo
 from tests.json_schemas import assert_file_matches_schema
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -185,11 +185,20 @@ def test_docs_table_is_the_generated_one() -> None:
 def test_default_root_is_the_repository_the_patches_are_against() -> None:
     """The patches name paths from the repository root (attngroup/..., schemas/...), so
     the default tree to copy is that root, where pyproject.toml is."""
-    from attngroup.bugzoo.__main__ import REPOSITORY, ZOO
-
     assert (REPOSITORY / "pyproject.toml").is_file()
     for entry_ in load_entries(ZOO / "entries.yaml"):
         patch = (ZOO / entry_.patch).read_text(encoding="utf-8")
         for line in patch.splitlines():
             if line.startswith("+++ b/"):
                 assert (REPOSITORY / line.removeprefix("+++ b/")).is_file(), (entry_.id, line)
+
+
+@pytest.mark.parametrize("entry_", load_entries(ZOO / "entries.yaml"), ids=lambda e: e.id)
+def test_every_patch_applies_to_this_tree(entry_) -> None:
+    """A change that rewrites the lines a patch plants its bug in breaks that entry; the zoo
+    itself takes minutes and runs outside the tests, so the test run catches it here."""
+    message = git_apply(REPOSITORY, ZOO / entry_.patch, check=True)
+    assert message is None, (
+        f"{entry_.patch} no longer applies: plant the bug again in today's code and store "
+        f"`git diff` as the patch ({message})"
+    )

@@ -104,9 +104,11 @@ def copy_tree(root: Path, destination: Path) -> None:
             shutil.copy2(source, target)
 
 
-def git_apply(tree: Path, patch: Path, *, reverse: bool = False) -> str | None:
-    """Apply (or revert) ``patch`` in ``tree``; None when it applied, else git's message."""
-    command = ["git", "apply", "--whitespace=nowarn", *(["-R"] if reverse else []), str(patch)]
+def git_apply(tree: Path, patch: Path, *, reverse: bool = False, check: bool = False) -> str | None:
+    """Apply (or revert; with ``check`` only try) ``patch`` in ``tree``; None when it applied,
+    else git's message."""
+    options = [*(["-R"] if reverse else []), *(["--check"] if check else [])]
+    command = ["git", "apply", "--whitespace=nowarn", *options, str(patch)]
     result = subprocess.run(command, cwd=tree, capture_output=True, text=True, check=False)
     return None if result.returncode == 0 else result.stderr.strip()
 
