@@ -19,7 +19,7 @@ from attngroup.benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
 from attngroup.benchmarks.bench_attention import parse_args
 from attngroup.benchmarks.flashinfer_sweep import configs_for, table_choice
 from attngroup.benchmarks.timing import Timing
-from attngroup.benchmarks.vllm_triton_peer import KERNEL_DIR_VARIABLE, kernel_dir
+from attngroup.benchmarks.vllm_triton_peer import KERNEL_DIR_VARIABLE, kernel_dir, missing_reason
 from attngroup.kernels.registry import BACKEND_PATHS, UnknownBackendError, get_backend
 from attngroup.reports.record import load_record
 from tests.json_schemas import assert_file_matches_schema
@@ -38,11 +38,10 @@ class DryRun:
     """On the GPU the run also replays each case from a CUDA graph."""
 
 
-@pytest.fixture(scope="module")
-def tiny_dry_run(tmp_path_factory) -> DryRun:
-    """Every quick case run once through Triton, both outputs written: compiled on the GPU where
-    there is one (GPU images may carry an interpreter too old for NumPy 2), else interpreted."""
-    out = tmp_path_factory.mktemp("bench")
+def run_tiny_dry_run(out: Path, backends: str) -> DryRun:
+    """Every quick case run once through ``backends``, both outputs written: compiled on the GPU
+    where there is one (GPU images may carry an interpreter too old for NumPy 2), else
+    interpreted."""
     metrics, record = out / "attention.json", out / "record.json"
     command = [
         sys.executable,
@@ -61,7 +60,7 @@ def tiny_dry_run(tmp_path_factory) -> DryRun:
         device, device_prefix = "cpu", "CPU"
         env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     completed = subprocess.run(
-        [*command, "--backends", "triton", "--device", device, *outputs],
+        [*command, "--backends", backends, "--device", device, *outputs],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -70,6 +69,11 @@ def tiny_dry_run(tmp_path_factory) -> DryRun:
     )
     assert completed.returncode == 0, completed.stderr
     return DryRun(completed, metrics, record, device_prefix, on_gpu)
+
+
+@pytest.fixture(scope="module")
+def tiny_dry_run(tmp_path_factory) -> DryRun:
+    return run_tiny_dry_run(tmp_path_factory.mktemp("bench"), "triton")
 
 
 QUICK_CASES = cases(quick=True, tiny=True, shape_names=list(SHAPES))
@@ -85,6 +89,20 @@ def test_tiny_dry_run_writes_checked_metrics(tiny_dry_run: DryRun) -> None:
         assert set(metric) == {"name", "value", "unit", "samples", "higher_is_better"}
         assert 0 < metric["value"] < MAX_RELATIVE_ERROR, metric
     assert "draft.gemma4-e2b-sliding-d256.b3x80" in tiny_dry_run.completed.stdout
+
+
+@pytest.mark.skipif(missing_reason() is not None, reason=missing_reason() or "")
+def test_tiny_dry_run_checks_vllm_triton_against_the_oracle(tmp_path: Path) -> None:
+    """The peer passes the dry run's oracle check too: on the CPU the caches are float32, as the
+    interpreter's bf16 ``tl.dot`` is wrong and vLLM's kernel does not cast its operands."""
+    dry_run = run_tiny_dry_run(tmp_path, "vllm-triton")
+    errors = {
+        metric["name"]: metric["value"]
+        for metric in json.loads(dry_run.metrics.read_text())
+        if metric["name"].endswith(".vllm-triton.relative_error")
+    }
+    assert len(errors) == len(QUICK_CASES)
+    assert all(0 < error < MAX_RELATIVE_ERROR for error in errors.values()), errors
 
 
 def test_tiny_dry_run_writes_a_passing_run_record(tiny_dry_run: DryRun) -> None:

@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
     # Triton runs on the CPU only under its interpreter, chosen when kernels are defined.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from attngroup.benchmarks.attention_cases import BLOCK_SIZE, Case, cases
+from attngroup.benchmarks.attention_cases import BLOCK_SIZE, KV_BYTES_PER_ELEMENT, Case, cases
 from attngroup.benchmarks.backend_names import MAX_RELATIVE_ERROR, PEERS
 from attngroup.benchmarks.flashinfer_sweep import config_slug, configs_for, table_choice
 from attngroup.benchmarks.metrics import Metric, write_metrics
@@ -44,6 +44,7 @@ from attngroup.kernels.backend import AttentionBackend, AttentionLayerParams
 from attngroup.kernels.backends.flashinfer_attn import WrapperChoice
 from attngroup.kernels.metadata import CommonAttentionMetadata, cdiv
 from attngroup.kernels.ops.triton_launch_config import (
+    INTERPRETED,
     LaunchConfig,
     LaunchKind,
     choose_launch_config,
@@ -52,7 +53,9 @@ from attngroup.kernels.ops.triton_launch_config import (
 from attngroup.kernels.registry import get_backend
 from attngroup.reference_engine.kv_cache_spec import FullAttentionSpec
 
-DTYPE = torch.bfloat16
+# bf16, as engines serve; float32 under Triton's interpreter, whose tl.dot on bf16 is wrong (our
+# kernel casts its operands there, vLLM's does not: a bf16 check would judge the interpreter).
+DTYPE = torch.float32 if INTERPRETED else torch.bfloat16
 PEER_BACKENDS: dict[str, type[AttentionBackend]] = {"vllm-triton": VllmTritonPeerBackend}
 CHECKED_REQUESTS = 2  # requests per case compared with the oracle (its cost grows with context)
 
@@ -70,7 +73,7 @@ def layer_params(case: Case) -> AttentionLayerParams:
 
 @dataclass(frozen=True)
 class KVCache:
-    """One bf16 paged cache and a shuffled block table, shared by a shape's modes."""
+    """One paged cache (``DTYPE``) and a shuffled block table, shared by a shape's modes."""
 
     key_cache: torch.Tensor
     value_cache: torch.Tensor
@@ -216,7 +219,8 @@ def print_row(
 ) -> None:
     text = f"{case.name:<44} {run.backend:<10} {run.path:<34}"
     if timing is None:
-        print(f"{text} ran once (KV {case.kv_bytes / 1e6:.3f} MB){note}", flush=True)
+        kv_bytes = case.kv_bytes // KV_BYTES_PER_ELEMENT * DTYPE.itemsize
+        print(f"{text} ran once (KV {kv_bytes / 1e6:.3f} MB, {DTYPE}){note}", flush=True)
         return
     assert copy_bw is not None, "a timed run has the copy bandwidth measured before it"
     kv_bw = case.kv_bytes / (timing.median_us * 1e-6)

@@ -24,7 +24,7 @@ writes the metrics as a list of ``{name, value, unit, samples, higher_is_better}
 
 ``--dry-run`` runs every case once and checks it against the oracle without
 timing; with ``--tiny`` (required on the CPU, where Triton runs under its
-interpreter) the contexts are small. Every run records each backend's relative
+interpreter, on float32 caches: its ``tl.dot`` on bf16 is wrong) the contexts are small. Every run records each backend's relative
 error against the oracle on the first requests. ``--cuda-graph`` (GPU) also
 captures each backend's launch into a CUDA graph, checks the replay against the
 oracle on a poisoned output (``graph_relative_error``) and times it beside the
