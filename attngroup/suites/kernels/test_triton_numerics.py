@@ -7,13 +7,15 @@ prefill; the other head layouts with head sizes 64 and 128 over every batch kind
 sliding window, soft cap and dtype rotate so that each kind meets every value. The GPU matrix
 runs every head layout x head size x dtype (bf16 included) at larger batch sizes. Outputs
 start as NaN and must come back fully written; the caches hold NaN wherever no query may
-look.
+look. The builder never clears its split-KV scratch, so one test starts it NaN-poisoned or
+holding an earlier pass's partial results, and the output must not depend on either.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import product
 
@@ -32,6 +34,7 @@ from attngroup.suites.kernels.batches import (
     BATCHES_CPU,
     BATCHES_GPU,
     SPLIT_KV_KINDS,
+    BatchSpec,
     PagedBatch,
     assert_within_bound,
     gpu_only,
@@ -170,21 +173,30 @@ def _reference(batch: PagedBatch, case: Case) -> torch.Tensor:
     return expected
 
 
+def _allocate_scratch(batch: PagedBatch, case: Case) -> SplitKVScratch:
+    """Split-KV scratch for ``batch``'s tokens at the case's heads, as a builder sizes it."""
+    return SplitKVScratch.allocate(
+        batch.spec.num_tokens,
+        case.num_heads_q,
+        DEFAULT_NUM_SEGMENTS,
+        case.head_size,
+        batch.query.device,
+    )
+
+
 def _run(
-    batch: PagedBatch, case: Case, path: LaunchKind, config: LaunchConfig | None = None
+    batch: PagedBatch,
+    case: Case,
+    path: LaunchKind,
+    config: LaunchConfig | None = None,
+    scratch: SplitKVScratch | None = None,
 ) -> torch.Tensor:
-    """The kernel's output for ``batch``, after checking every element was written."""
+    """The kernel's output for ``batch``, after checking every element was written; 3D runs
+    on ``scratch`` when given, else on freshly allocated scratch."""
     spec = batch.spec
     output = torch.full_like(batch.query, float("nan"))
-    scratch = None
-    if path == "3d":
-        scratch = SplitKVScratch.allocate(
-            spec.num_tokens,
-            case.num_heads_q,
-            DEFAULT_NUM_SEGMENTS,
-            case.head_size,
-            batch.query.device,
-        )
+    if path == "3d" and scratch is None:
+        scratch = _allocate_scratch(batch, case)
     unified_attention(
         batch.query,
         batch.key_cache,
@@ -260,6 +272,83 @@ def test_split_kv_matches_2d(case: Case, num_segments: int, device: torch.device
     output_2d = _run(batch, case, "2d", replace(heuristic, tile_size=16))
     output_3d = _run(batch, case, "3d", replace(heuristic, tile_size=16, num_segments=num_segments))
     assert_within_bound(output_3d, output_2d, case.dtype, "3D vs 2D relative error")
+
+
+SPLIT_KV_TILE = 16
+"""Keys per tile of the scratch-state tests: each segment of the earlier pass holds one tile."""
+
+
+def _poison_with_nan(scratch: SplitKVScratch, case: Case, config: LaunchConfig) -> None:
+    """What uninitialised memory may hold: NaN in every slot."""
+    for tensor in (scratch.segm_output, scratch.segm_max, scratch.segm_expsum):
+        tensor.fill_(float("nan"))
+
+
+def _leave_an_earlier_pass(scratch: SplitKVScratch, case: Case, config: LaunchConfig) -> None:
+    """What an earlier pass (another layer, the previous step) leaves: finite partial
+    results in every segment of every row, from full attention (no window to empty a
+    segment) over requests of one tile per segment."""
+    assert config.num_segments is not None, "the scratch-state tests force the segment count"
+    earlier = make_paged_batch(
+        BatchSpec.decode(*(config.num_segments * SPLIT_KV_TILE,) * scratch.rows),
+        num_heads_q=case.num_heads_q,
+        num_kv_heads=case.num_kv_heads,
+        head_size=case.head_size,
+        block_size=case.block_size,
+        dtype=case.dtype,
+        device=scratch.segm_output.device,
+        seed=zlib.crc32(f"{case}-earlier-pass".encode()),
+    )
+    _run(earlier, replace(case, sliding_window=None), "3d", config, scratch)
+    assert scratch.segm_max[:, :, : config.num_segments].isfinite().all()
+
+
+ScratchState = Callable[[SplitKVScratch, Case, LaunchConfig], None]
+SCRATCH_STATES: dict[str, ScratchState] = {
+    "nan-poisoned": _poison_with_nan,
+    "stale-from-earlier-pass": _leave_an_earlier_pass,
+}
+
+
+def _scratch_state_param(
+    heads: tuple[int, int],
+    head_size: int,
+    kind: str,
+    dtype: torch.dtype,
+    window: int | None,
+    num_segments: int,
+    state: str,
+):
+    case = Case(False, *heads, head_size, SPLIT_KV_TILE, kind, dtype, "3d", sliding_window=window)
+    return pytest.param(case, num_segments, state, id=f"{case}-seg{num_segments}-{state}")
+
+
+SCRATCH_STATE_CASES = [
+    _scratch_state_param((8, 1), 256, "decode", torch.float32, None, 16, state)
+    for state in SCRATCH_STATES
+] + [
+    _scratch_state_param((4, 1), 512, "verify", torch.float32, None, 3, "stale-from-earlier-pass"),
+    _scratch_state_param((32, 8), 64, "decode", torch.float32, 5, 4, "stale-from-earlier-pass"),
+    _scratch_state_param((6, 2), 128, "verify", torch.float16, 24, 7, "nan-poisoned"),
+]
+
+
+@pytest.mark.parametrize(("case", "num_segments", "state"), SCRATCH_STATE_CASES)
+def test_split_kv_ignores_what_the_scratch_held(
+    case: Case, num_segments: int, state: str, device: torch.device
+) -> None:
+    """The builder's scratch is never cleared between passes, so every segment of every row
+    must be written, an empty one (a short request beside a long one, a sliding window) as
+    max -inf and sum 0, or the merge reads what an earlier pass left (TensorRT-LLM #18755:
+    FlashInfer's split-KV scratch not reset per pass)."""
+    batch = case.batch(device)
+    config = replace(
+        _heuristic(case, batch, "3d"), tile_size=SPLIT_KV_TILE, num_segments=num_segments
+    )
+    scratch = _allocate_scratch(batch, case)
+    SCRATCH_STATES[state](scratch, case, config)
+    output = _run(batch, case, "3d", config, scratch)
+    assert_within_bound(output, _reference(batch, case), case.dtype)
 
 
 def _variant_param(
