@@ -297,8 +297,13 @@ def test_paged_draft_steps_equal_the_unpaged_recompute(
     lengths = prompt_lengths(pair_name)
     prompts = [torch.randint(0, 512, (n,), generator=generator).tolist() for n in lengths]
     first_blocks = [(k * 2 + i) * BLOCKS_PER_REQUEST for i in range(len(prompts))]
+    # Each KV-cache group's table a different rotation of the request's blocks, so that a pass
+    # reading another group's table reads other pages.
     blocks = [
-        (tuple(range(first, first + BLOCKS_PER_REQUEST)),) * len(runner.kv_cache_groups)
+        tuple(
+            tuple(first + (j + group) % BLOCKS_PER_REQUEST for j in range(BLOCKS_PER_REQUEST))
+            for group in range(len(runner.kv_cache_groups))
+        )
         for first in first_blocks
     ]
     ids = [f"oracle-k{k}-{i}" for i in range(len(prompts))]
