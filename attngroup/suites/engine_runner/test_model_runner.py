@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ from attngroup.reference_engine.engine.step import (
     StepBatch,
 )
 from attngroup.reference_engine.model_pairs import get_model_pair
+from attngroup.reference_engine.models.common import ForwardContext
 from attngroup.reference_engine.models.weights import (
     WeightLoadError,
     load_weights,
@@ -111,6 +114,56 @@ def test_common_metadata_built_once_per_kv_group_and_shared(runners, monkeypatch
             f"KV-cache group {group_id} built its common metadata more than once"
         )
     assert len({ids[0] for ids in seen.values()}) == len(seen)
+
+
+def _record_draft_contexts(runner: ModelRunner) -> tuple[list[ForwardContext], Callable[[], None]]:
+    """The ``ForwardContext`` of every draft forward (its last argument), and the undo."""
+    contexts: list[ForwardContext] = []
+
+    def record(module: nn.Module, args: tuple[Any, ...]) -> None:
+        contexts.append(args[-1])
+
+    return contexts, runner.draft.register_forward_pre_hook(record).remove
+
+
+def _draft_groups_layers(runner: ModelRunner) -> set[str]:
+    """Every layer of the KV-cache groups that hold a draft layer."""
+    groups = {runner._group_of_layer[name] for name in runner.draft_layer_names}
+    return {name for group in groups for name in runner.kv_cache_groups[group].layer_names}
+
+
+@pytest.mark.mtp
+@pytest.mark.spec_decode
+@pytest.mark.parametrize(
+    "pair_name",
+    [
+        pytest.param("qwen3-next-mtp", id="qwen3-next-mtp-target-state-groups"),
+        pytest.param("gemma4-e4b-mtp", id="gemma4-e4b-mtp-target-only-attention-groups"),
+    ],
+)
+def test_draft_passes_carry_only_their_own_groups_metadata(runners, pair_name: str) -> None:
+    """Every draft pass, its prefill included, gets metadata built for the draft's own
+    KV-cache groups only. A target-only group's metadata (the hybrid target's state
+    layers) in the draft's context is metadata the draft side may take for its own:
+    vllm-ascend #14791, where the MTP draft prefill reused the target's GDN metadata."""
+    runner = runners(pair_name)
+    vocab = runner.pair.target_config().vocab_size
+    prompt = torch.randint(vocab, (int(torch.randint(5, 20, ())),)).tolist()
+    blocks = _blocks(runner, 28)
+    logits = _run(runner, "draft-metadata", blocks, [(prompt, 0, "last")])[0]
+    tokens = (*prompt, int(logits[-1].argmax()))
+    contexts, stop_recording = _record_draft_contexts(runner)
+    try:
+        runner.propose(ProposeInput((ProposeRequest("draft-metadata", tokens, blocks),)), 3)
+    finally:
+        stop_recording()
+        runner.remove_requests(["draft-metadata"])
+    assert len(contexts) == 3, "one draft forward per drafted token"
+    own_layers = _draft_groups_layers(runner)
+    for index, ctx in enumerate(contexts):
+        foreign = sorted(set(ctx.attn_metadata) - own_layers)
+        assert not foreign, f"draft pass {index} carries target-only layers' metadata: {foreign}"
+        assert set(ctx.slot_mappings) <= own_layers, f"draft pass {index}"
 
 
 def _run(runner: ModelRunner, request_id: str, blocks, chunks: list[tuple[list[int], int, str]]):
