@@ -310,26 +310,10 @@ SCRATCH_STATES: dict[str, ScratchState] = {
 }
 
 
-def _scratch_state_param(
-    heads: tuple[int, int],
-    head_size: int,
-    kind: str,
-    dtype: torch.dtype,
-    window: int | None,
-    num_segments: int,
-    state: str,
-):
-    case = Case(False, *heads, head_size, SPLIT_KV_TILE, kind, dtype, "3d", sliding_window=window)
-    return pytest.param(case, num_segments, state, id=f"{case}-seg{num_segments}-{state}")
-
-
 SCRATCH_STATE_CASES = [
-    _scratch_state_param((8, 1), 256, "decode", torch.float32, None, 16, state)
+    pytest.param(*param.values, state, id=f"{param.id}-{state}", marks=param.marks)
+    for param in SPLIT_KV_CASES
     for state in SCRATCH_STATES
-] + [
-    _scratch_state_param((4, 1), 512, "verify", torch.float32, None, 3, "stale-from-earlier-pass"),
-    _scratch_state_param((32, 8), 64, "decode", torch.float32, 5, 4, "stale-from-earlier-pass"),
-    _scratch_state_param((6, 2), 128, "verify", torch.float16, 24, 7, "nan-poisoned"),
 ]
 
 
