@@ -43,6 +43,10 @@ COMMANDS = [
     ("attngroup.benchmarks.tuning.ab",),
     ("attngroup.benchmarks.table",),
     ("attngroup.benchmarks.run_record",),
+    ("attngroup.suites.engines.vllm_releases",),
+    ("attngroup.suites.engines.vllm_checkout",),
+    ("attngroup.suites.grouping.vllm_timeline",),
+    ("attngroup.suites.grouping.vllm_timeline", "run"),
 ]
 
 # Runs a module as ``python -m`` would, then reports on stderr what it imported.

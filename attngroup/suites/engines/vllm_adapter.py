@@ -40,6 +40,7 @@ from attngroup.suites.engines.base import (
     GroupingOutcome,
     StartupRequest,
 )
+from attngroup.suites.engines.verdict_states import RUNNER_CHOICES
 from attngroup.suites.engines.vllm_specs import from_vllm_group, from_vllm_spec, to_vllm_spec
 from attngroup.suites.engines.vllm_standins import (
     ModelIdentity,
@@ -63,7 +64,6 @@ INSTALL_HINT = (
     "release; see noxfile_vllm.py)"
 )
 RUNNER_ENV = "AGC_VLLM_RUNNER"
-RUNNER_CHOICES = ("auto", "v1", "v2")
 #: The Hugging Face architecture of each pair family's target, as vLLM's rules read it.
 FAMILY_ARCHITECTURES = {
     "gemma4": "Gemma4ForConditionalGeneration",

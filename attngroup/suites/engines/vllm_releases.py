@@ -92,7 +92,10 @@ def newest_patches(releases: Sequence[str]) -> list[str]:
 
 
 def parse_versions(spec: str, releases: Sequence[str] = RELEASES) -> list[str]:
-    """``"0.22.1..0.34.0,0.25.0"`` -> the releases it names, oldest first, each once."""
+    """``"0.22.1..0.34.0,0.25.0"`` -> the releases it names, oldest first, each once;
+    ``"none"`` -> no release (to judge only ``--source`` trees)."""
+    if spec.strip().lower() == "none":
+        return []
     chosen: set[str] = set()
     for part in (item.strip() for item in spec.split(",")):
         if not part:
@@ -109,6 +112,12 @@ def parse_versions(spec: str, releases: Sequence[str] = RELEASES) -> list[str]:
             raise ReleaseSpecError(f"--versions {part!r}: no known release in that range")
         chosen.update(newest_patches(inside))
     return sorted(chosen, key=version_key)
+
+
+def default_versions(with_sources: bool) -> str:
+    """What ``--versions`` means when left out: every minor release; beside ``--source``
+    trees only the newest release, the column a checkout's verdicts are compared with."""
+    return RELEASES[-1] if with_sources else f"{newest_patches(RELEASES)[0]}..{RELEASES[-1]}"
 
 
 def cache_root() -> Path:
@@ -156,7 +165,7 @@ def release_venv(version: str, cache: Path | None = None) -> ReleaseVenv:
     return ReleaseVenv(version, (cache or cache_root()) / f"vllm-{version}")
 
 
-def _run(command: Sequence[str | Path], log: Path, env: dict[str, str] | None = None) -> None:
+def run_logged(command: Sequence[str | Path], log: Path, env: dict[str, str] | None = None) -> None:
     with log.open("a") as out:
         out.write(f"$ {' '.join(map(str, command))}\n")
         out.flush()
@@ -174,7 +183,7 @@ def _sdist(version: str, python: Path, env: dict[str, str], log: Path) -> Path:
     path = folder / f"vllm-{version}.tar.gz"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        _run(
+        run_logged(
             [
                 python, "-m", "pip", "download", f"vllm=={version}", "--no-deps",
                 "--no-binary", "vllm", "--no-build-isolation", "-d", folder,
@@ -185,16 +194,22 @@ def _sdist(version: str, python: Path, env: dict[str, str], log: Path) -> Path:
     return path
 
 
-def build_requirements(sdist: Path) -> list[str]:
-    """The ``[build-system] requires`` of a vLLM sdist, torch left out (the CPU one is there)."""
+def sdist_pyproject(sdist: Path) -> dict:
+    """The ``pyproject.toml`` of a vLLM sdist, read without unpacking it."""
     with tarfile.open(sdist) as archive:
         member = next(
             m
             for m in archive.getmembers()
             if m.name.count("/") == 1 and m.name.endswith("/pyproject.toml")
         )
-        data = tomllib.load(archive.extractfile(member))  # type: ignore[arg-type]
-    return [req for req in data["build-system"]["requires"] if _name(req) not in TORCH_FAMILY]
+        return tomllib.load(archive.extractfile(member))  # type: ignore[arg-type]
+
+
+def build_requirements(pyproject: dict) -> list[str]:
+    """The ``[build-system] requires`` of vLLM's ``pyproject.toml``, torch left out (the CPU
+    one is there)."""
+    requires: list[str] = pyproject["build-system"]["requires"]
+    return [req for req in requires if _name(req) not in TORCH_FAMILY]
 
 
 def project_requirements(root: Path = REPO_ROOT) -> list[str]:
@@ -219,6 +234,11 @@ def installer(python: Path) -> list[str | Path]:
     return [uv, "pip", "install", "--python", python, *(f"--find-links={link}" for link in links)]
 
 
+def build_env() -> dict[str, str]:
+    """The environment vLLM is built in: no kernels (``VLLM_TARGET_DEVICE=empty``)."""
+    return {**os.environ, "VLLM_TARGET_DEVICE": "empty", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
 def build_release_venv(version: str, cache: Path | None = None) -> ReleaseVenv:
     """The release's venv, built unless the cache has it."""
     target = release_venv(version, cache)
@@ -231,28 +251,23 @@ def build_release_venv(version: str, cache: Path | None = None) -> ReleaseVenv:
     started = time.monotonic()
     venv.create(target.root, with_pip=True)
     python = target.python
-    env = {
-        **os.environ,
-        "VLLM_TARGET_DEVICE": "empty",
-        "VLLM_VERSION_OVERRIDE": version,
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-    }
+    env = {**build_env(), "VLLM_VERSION_OVERRIDE": version}
     constraints = target.root / "constraints.txt"
     torch_pin = cpu_torch_pin()
     constraints.write_text(torch_pin + "\n")
     pip = [*installer(python), "-c", constraints]
-    _run([*pip, torch_pin, *METADATA_REQUIREMENTS], log, env)
+    run_logged([*pip, torch_pin, *METADATA_REQUIREMENTS], log, env)
     sdist = _sdist(version, python, env, log)
-    _run([*pip, *build_requirements(sdist)], log, env)
+    run_logged([*pip, *build_requirements(sdist_pyproject(sdist))], log, env)
     wheels = target.root / "wheel"
-    _run(
+    run_logged(
         [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, sdist],
         log,
         env,
     )
     wheel = next(wheels.glob("vllm-*.whl"))
     # pip resolves the wheel's own Requires-Dist; the constraint keeps the CPU torch.
-    _run([*pip, wheel, *project_requirements()], log, env)
+    run_logged([*pip, wheel, *project_requirements()], log, env)
     (target.root / BUILT_FILE).write_text(
         json.dumps(
             {"vllm": version, "torch": torch_pin, "seconds": round(time.monotonic() - started)},
@@ -264,7 +279,12 @@ def build_release_venv(version: str, cache: Path | None = None) -> ReleaseVenv:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m attngroup.suites.engines.vllm_releases",
+        description="Build (or find) the cached venv of each vLLM release named.",
+        epilog="exit status: 0 built or found; 2 bad input (a version that names no release); "
+        "a failed build raises, naming its log",
+    )
     parser.add_argument("versions", help="releases and ranges, e.g. 0.22.1..0.34.0,0.25.0")
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,211 @@
+"""A vLLM source tree to judge (a git checkout of main or a pull-request branch), and its venv.
+
+Releases answer "which vLLM broke it"; a checkout answers "does my change break it" before
+the change ships. The tree is installed *editable* (``pip install -e`` with
+``VLLM_TARGET_DEVICE=empty``: no kernels, no torch build) into one cached venv per tree, so
+an edit to vLLM's Python is judged at once, without a rebuild. The venv is rebuilt only when
+the tree's dependency files change (``pyproject.toml``, ``setup.py``,
+``requirements/*.txt``: the fingerprint in its ``built.json``) or the CPU torch does.
+
+``python -m attngroup.suites.engines.vllm_checkout DIR`` builds (or finds) the venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import venv
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from attngroup.suites.engines.vllm_releases import (
+    BUILT_FILE,
+    METADATA_REQUIREMENTS,
+    build_env,
+    build_requirements,
+    cache_root,
+    cpu_torch_pin,
+    installer,
+    project_requirements,
+    run_logged,
+)
+
+#: The files that decide what an editable install of the tree needs (``setup.py`` reads
+#: ``requirements/common.txt`` for the ``empty`` target, which may include the others).
+DEPENDENCY_FILES = ("pyproject.toml", "setup.py", "requirements/*.txt")
+
+
+class CheckoutSpecError(ValueError):
+    """A ``--source`` path that is not a vLLM source tree."""
+
+
+@dataclass(frozen=True)
+class CheckoutIdentity:
+    """Which state of which tree a verdict is about (git's view; ``None`` outside git)."""
+
+    path: str
+    commit: str | None
+    branch: str | None
+    dirty: bool
+
+    @property
+    def label(self) -> str:
+        """The timeline's column name: ``checkout <branch>@<commit>[+dirty]``."""
+        if self.commit is None:
+            return f"checkout {Path(self.path).name}"
+        where = f"{self.branch}@{self.commit}" if self.branch else self.commit
+        return f"checkout {where}" + ("+dirty" if self.dirty else "")
+
+    def as_json(self) -> dict:
+        return {**asdict(self), "label": self.label}
+
+
+def source_tree(path: str | Path) -> Path:
+    """``path`` resolved, once it is known to hold vLLM's package and build files."""
+    root = Path(path).expanduser().resolve()
+    if not root.is_dir():
+        raise CheckoutSpecError(f"--source {path}: not a directory")
+    missing = [name for name in ("vllm/__init__.py", "setup.py", "pyproject.toml")
+               if not (root / name).is_file()]  # fmt: skip
+    if missing:
+        raise CheckoutSpecError(
+            f"--source {path}: not a vLLM source tree (no {', '.join(missing)})"
+        )
+    return root
+
+
+def _git(root: Path, *args: str) -> str | None:
+    result = subprocess.run(
+        ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
+    )
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def identify(root: Path) -> CheckoutIdentity:
+    """The tree's commit, branch and whether tracked files differ from it."""
+    commit = _git(root, "rev-parse", "--short=10", "HEAD")
+    if commit is None:
+        return CheckoutIdentity(str(root), None, None, False)
+    branch = _git(root, "symbolic-ref", "--quiet", "--short", "HEAD")
+    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    return CheckoutIdentity(str(root), commit, branch or None, bool(status))
+
+
+def _build_requirements(source: Path) -> list[str]:
+    try:
+        return build_requirements(tomllib.loads((source / "pyproject.toml").read_text()))
+    except (tomllib.TOMLDecodeError, KeyError, TypeError) as error:
+        raise CheckoutSpecError(
+            f"--source {source}: pyproject.toml names no readable build requirements ({error!r})"
+        ) from None
+
+
+def dependency_fingerprint(root: Path) -> str:
+    """A hash of the tree's dependency files: equal fingerprints, same installed packages."""
+    digest = hashlib.sha256()
+    for pattern in DEPENDENCY_FILES:
+        for file in sorted(root.glob(pattern)):
+            digest.update(file.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(file.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class CheckoutVenv:
+    """One source tree's cached venv (named by the tree's resolved path)."""
+
+    source: Path
+    root: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    def built_for(self) -> dict | None:
+        """What the venv was built for, or None when it is not (fully) built."""
+        try:
+            built = json.loads((self.root / BUILT_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return built if self.python.exists() and isinstance(built, dict) else None
+
+    def is_current(self, fingerprint: str, torch_pin: str) -> bool:
+        built = self.built_for()
+        return built is not None and (built.get("fingerprint"), built.get("torch")) == (
+            fingerprint,
+            torch_pin,
+        )
+
+
+def checkout_venv(source: Path, cache: Path | None = None) -> CheckoutVenv:
+    name = hashlib.sha256(str(source).encode()).hexdigest()[:12]
+    return CheckoutVenv(source, (cache or cache_root()) / f"checkout-{name}")
+
+
+def build_checkout_venv(path: str | Path, cache: Path | None = None) -> CheckoutVenv:
+    """The tree's venv with vLLM installed editable, built unless the cache has a current one."""
+    source = source_tree(path)
+    target = checkout_venv(source, cache)
+    fingerprint = dependency_fingerprint(source)
+    torch_pin = cpu_torch_pin()
+    if target.is_current(fingerprint, torch_pin):
+        return target
+    requirements = _build_requirements(source)
+    if target.root.exists():
+        shutil.rmtree(target.root)  # stale or half built
+    target.root.mkdir(parents=True)
+    log = target.root / "build.log"
+    started = time.monotonic()
+    venv.create(target.root, with_pip=True)
+    env = build_env()
+    constraints = target.root / "constraints.txt"
+    constraints.write_text(torch_pin + "\n")
+    pip = [*installer(target.python), "-c", constraints]
+    run_logged([*pip, torch_pin, *METADATA_REQUIREMENTS, *requirements], log, env)
+    # Editable, without build isolation (which would bring the CUDA torch the tree pins);
+    # the installer resolves the tree's Requires-Dist, the constraint keeps the CPU torch.
+    run_logged([*pip, "--no-build-isolation", "-e", source, *project_requirements()], log, env)
+    (target.root / BUILT_FILE).write_text(
+        json.dumps(
+            {
+                "source": str(source),
+                "fingerprint": fingerprint,
+                "torch": torch_pin,
+                "seconds": round(time.monotonic() - started),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attngroup.suites.engines.vllm_checkout",
+        description="Build (or find) the venv of a vLLM source tree, vLLM installed editable.",
+        epilog="exit status: 0 built or found; 2 bad input (not a vLLM source tree); "
+        "a failed build raises, naming its log",
+    )
+    parser.add_argument("source", help="a vLLM source tree (git checkout)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        built = build_checkout_venv(args.source)
+    except CheckoutSpecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    label = identify(built.source).label
+    print(f"{label}: {built.root} ({time.monotonic() - started:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
