@@ -1,10 +1,16 @@
 """The backend contract: what an engine hands a backend, and what it gets back.
 
-The split follows vLLM: a backend class names its metadata builder and its
-implementation; a builder is created once per attention group (and micro-batch)
+The split follows vLLM: an attention backend class names its metadata builder and
+its implementation; a builder is created once per attention group (and micro-batch)
 from the group's layers and sizes its per-step state by the group's query-head
 count; ``build`` turns the per-KV-cache-group ``CommonAttentionMetadata`` into
 the backend's metadata; the implementation runs one layer with it.
+
+A state backend (Mamba-like layers) names a builder only: state layers have no
+query heads and no KV geometry, so its builder is made from the layers' names,
+and each state layer runs its own recurrence. ``MetadataBuilder`` is what the
+engine uses of a builder of either kind; the engine picks the constructor by
+the backend's kind (``AttentionBackend`` or ``StateBackend``).
 
 ``kernels`` never imports the engine: layers are described to it by
 ``AttentionLayerParams`` and KV geometry by anything shaped like
@@ -88,7 +94,22 @@ def _layer_name(layer: Any) -> str:
     return getattr(layer, "name", repr(layer))
 
 
-class AttentionMetadataBuilder(ABC):
+class MetadataBuilder(ABC):
+    """What the engine uses of every metadata builder, attention or state: the
+    layers it serves, the query-head count it sized its state by (0 for state
+    layers), its device and ``build``. The constructor is each kind's own, since
+    what a builder is made from differs by kind."""
+
+    layer_names: tuple[str, ...]
+    num_heads_q: int
+    device: torch.device
+
+    @abstractmethod
+    def build(self, common: Any) -> Any:
+        """Backend metadata for one step from the KV-cache group's common metadata."""
+
+
+class AttentionMetadataBuilder(MetadataBuilder):
     """Builds a backend's per-step metadata for one attention group.
 
     ``num_heads_q`` comes from the group's layers through the strict check.
@@ -129,9 +150,19 @@ class AttentionMetadataBuilder(ABC):
         self.num_heads_kv: int = kv_cache_spec.num_kv_heads
         self.head_size: int = kv_cache_spec.head_size
 
-    @abstractmethod
-    def build(self, common: Any) -> Any:
-        """Backend metadata for one step from the KV-cache group's common metadata."""
+
+class StateMetadataBuilder(MetadataBuilder):
+    """Builds a state backend's per-step metadata for one group of state layers.
+
+    Made from the layers' names alone: state layers have no query heads and no
+    KV geometry, so there is nothing to check or size by them.
+    """
+
+    num_heads_q = 0
+
+    def __init__(self, layer_names: Sequence[str], device: torch.device) -> None:
+        self.layer_names = tuple(layer_names)
+        self.device = torch.device(device)
 
 
 class AttentionImpl(ABC):
@@ -152,10 +183,21 @@ class AttentionImpl(ABC):
         """Attention for ``query`` [tokens, num_heads_q, head_size] into ``output``."""
 
 
-class AttentionBackend(ABC):
-    """A backend: its name, builder, implementation and what it supports."""
+class Backend(ABC):
+    """What every backend has, attention or state: a name and its identity in group keys."""
 
     name: ClassVar[str]
+
+    @classmethod
+    def full_cls_name(cls) -> str:
+        """The backend's identity in attention-group keys: module and
+        qualified name, so dynamically made subclasses deduplicate."""
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class AttentionBackend(Backend):
+    """An attention backend: its builder, implementation and what it supports."""
+
     supported_head_sizes: ClassVar[tuple[int, ...]] = (64, 128, 256, 512)
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
         torch.float32,
@@ -163,12 +205,6 @@ class AttentionBackend(ABC):
         torch.bfloat16,
     )
     supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64)
-
-    @classmethod
-    def full_cls_name(cls) -> str:
-        """The backend's identity in attention-group keys: module and
-        qualified name, so dynamically made subclasses deduplicate."""
-        return f"{cls.__module__}.{cls.__qualname__}"
 
     @classmethod
     @abstractmethod
@@ -196,3 +232,12 @@ class AttentionBackend(ABC):
         if block_size not in cls.supported_block_sizes:
             return f"{cls.name} does not support block size {block_size}"
         return None
+
+
+class StateBackend(Backend):
+    """A state-space backend: a builder and nothing to bind. Its layers run their own
+    recurrence on the metadata (as vLLM's Mamba layers do), so it has no implementation."""
+
+    @classmethod
+    @abstractmethod
+    def get_builder_cls(cls) -> type[StateMetadataBuilder]: ...

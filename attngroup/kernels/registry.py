@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names below load without torch, for the command lines
-    from attngroup.kernels.backend import AttentionBackend
+    from attngroup.kernels.backend import AttentionBackend, StateBackend
 
 BACKEND_PATHS: dict[str, str] = {
     "torch": "attngroup.kernels.backends.torch_ref.TorchReferenceBackend",
@@ -39,6 +39,16 @@ class NotAnAttentionBackendError(ValueError):
         )
 
 
+class NotAStateBackendError(ValueError):
+    """An attention backend named for state layers."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"backend {name!r} serves attention layers, not state layers; "
+            f"state backends: {', '.join(sorted(STATE_BACKENDS))}"
+        )
+
+
 def check_attention_backend(name: str) -> str:
     """``name`` if it is a registered attention backend; raises otherwise."""
     if name in STATE_BACKENDS:
@@ -49,7 +59,26 @@ def check_attention_backend(name: str) -> str:
 
 
 def get_backend(name: str) -> type[AttentionBackend]:
-    """The backend class registered under ``name``."""
+    """The attention backend registered under ``name``; a state backend's name is refused."""
+    from attngroup.kernels.backend import AttentionBackend
+
+    backend = _load(check_attention_backend(name))
+    if not issubclass(backend, AttentionBackend):
+        raise NotAnAttentionBackendError(name)
+    return backend
+
+
+def get_state_backend(name: str) -> type[StateBackend]:
+    """The state backend registered under ``name``; an attention backend's name is refused."""
+    from attngroup.kernels.backend import StateBackend
+
+    backend = _load(name)
+    if not issubclass(backend, StateBackend):
+        raise NotAStateBackendError(name)
+    return backend
+
+
+def _load(name: str) -> type:
     try:
         path = BACKEND_PATHS[name]
     except KeyError:

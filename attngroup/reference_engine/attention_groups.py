@@ -20,12 +20,13 @@ import torch
 
 from attngroup.kernels.backend import (
     AttentionBackend,
-    AttentionMetadataBuilder,
+    MetadataBuilder,
+    StateBackend,
     get_num_attention_heads_from_layers,
 )
-from attngroup.kernels.registry import get_backend
+from attngroup.kernels.registry import get_backend, get_state_backend
 from attngroup.reference_engine.grouping_policy import GroupingPolicy
-from attngroup.reference_engine.kv_cache_spec import KVCacheGroupSpec, KVCacheSpec
+from attngroup.reference_engine.kv_cache_spec import AttentionSpec, KVCacheGroupSpec, KVCacheSpec
 from attngroup.reference_engine.kv_sharing import with_kv_cache_owners
 from attngroup.reference_engine.layers import LayerDescription
 
@@ -42,7 +43,7 @@ __all__ = [
 class AttentionGroupKey:
     """What makes two layers of one KV-cache group share a builder."""
 
-    attn_backend: type[AttentionBackend]
+    attn_backend: type[AttentionBackend] | type[StateBackend]
     kv_cache_spec: KVCacheSpec
     num_heads_q: int
 
@@ -58,12 +59,12 @@ class AttentionGroup:
     """Layers served by one backend and one set of metadata builders (one
     builder per micro-batch). Compared by identity, as in vLLM."""
 
-    backend: type[AttentionBackend]
+    backend: type[AttentionBackend] | type[StateBackend]
     layer_names: list[str]
     kv_cache_spec: KVCacheSpec
     kv_cache_group_id: int
     num_heads_q: int
-    metadata_builders: list[AttentionMetadataBuilder] = field(default_factory=list)
+    metadata_builders: list[MetadataBuilder] = field(default_factory=list)
 
     def create_metadata_builders(
         self,
@@ -73,21 +74,36 @@ class AttentionGroup:
         **builder_options: Any,
     ) -> None:
         """One builder per micro-batch, each created from the group's layers;
-        the builder's strict check refuses layers with mixed head counts."""
+        an attention builder's strict check refuses layers with mixed head counts."""
         if num_builders < 1:
             raise ValueError(f"num_builders must be >= 1, got {num_builders}")
-        # State layers have no attention parameters; their builders take the descriptions.
-        params = [
-            layers[name].attention_params() if layers[name].is_attention else layers[name]
-            for name in self.layer_names
-        ]
-        builder_cls = self.backend.get_builder_cls()
         self.metadata_builders = [
-            builder_cls(self.kv_cache_spec, params, torch.device(device), **builder_options)
+            self._new_builder(layers, torch.device(device), builder_options)
             for _ in range(num_builders)
         ]
 
-    def get_metadata_builder(self, ubatch_id: int = 0) -> AttentionMetadataBuilder:
+    def _new_builder(
+        self,
+        layers: Mapping[str, LayerDescription],
+        device: torch.device,
+        options: Mapping[str, Any],
+    ) -> MetadataBuilder:
+        """A builder made as the backend's kind asks: a state builder from the layer
+        names alone (state layers have no query heads or KV geometry, and size
+        nothing by the batch limits), an attention builder from each layer's
+        attention parameters and the group's KV geometry."""
+        backend, spec = self.backend, self.kv_cache_spec
+        if issubclass(backend, StateBackend):
+            return backend.get_builder_cls()(self.layer_names, device)
+        if not isinstance(spec, AttentionSpec):
+            raise TypeError(
+                f"attention group {self.layer_names[0]}..: attention backend {backend.name} "
+                f"cannot serve a {type(spec).__name__}"
+            )
+        params = [layers[name].attention_params() for name in self.layer_names]
+        return backend.get_builder_cls()(spec, params, device, **options)
+
+    def get_metadata_builder(self, ubatch_id: int = 0) -> MetadataBuilder:
         if not 0 <= ubatch_id < len(self.metadata_builders):
             raise IndexError(
                 f"attention group {self.layer_names[0]}..: no metadata builder for micro-batch {ubatch_id} "
@@ -122,7 +138,9 @@ def group_attention_layers(
                     f"KV-cache group {group_id} names layer {name!r}, which has no description"
                 ) from None
             key = AttentionGroupKey(
-                get_backend(layer.backend),
+                get_backend(layer.backend)
+                if layer.is_attention
+                else get_state_backend(layer.backend),
                 kv_group.spec_for(layer.cache_layer),
                 layer.num_heads_q,
             )

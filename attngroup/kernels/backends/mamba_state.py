@@ -3,7 +3,9 @@ per-request recurrent state, kept in the paged cache one state per request.
 
 It exists so hybrid pairs (Qwen3-Next style) have real non-attention layers
 whose cache groups, builders and per-step metadata go through the same
-machinery as attention. Its key's ``num_heads_q`` is 0, as in vLLM.
+machinery as attention. Its key's ``num_heads_q`` is 0, as in vLLM. A state
+layer calls ``gated_linear_attention`` itself, so the backend binds no
+implementation.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import torch
 
-from attngroup.kernels.backend import AttentionBackend, AttentionMetadataBuilder
+from attngroup.kernels.backend import StateBackend, StateMetadataBuilder
 
 
 @dataclass(frozen=True)
@@ -23,18 +25,8 @@ class MambaStateMetadata:
     has_initial_state: torch.Tensor  # [num_reqs] bool: False at a request's first chunk
 
 
-class MambaStateMetadataBuilder(AttentionMetadataBuilder):
+class MambaStateMetadataBuilder(StateMetadataBuilder):
     """Each request's state lives in the first block of its block-table row."""
-
-    def __init__(
-        self, kv_cache_spec: Any, layers: Any, device: torch.device, **options: Any
-    ) -> None:
-        # State layers have no query heads: skip the attention head checks.
-        self.kv_cache_spec = kv_cache_spec
-        self.layers = tuple(layers)
-        self.layer_names = tuple(getattr(layer, "name", str(layer)) for layer in self.layers)
-        self.device = torch.device(device)
-        self.num_heads_q = 0
 
     def build(self, common: Any) -> MambaStateMetadata:
         query_lens = common.query_start_loc[1:] - common.query_start_loc[:-1]
@@ -76,23 +68,9 @@ def gated_linear_attention(
     return out
 
 
-class MambaStateImpl:
-    """Runs one state layer: unlike attention it takes the layer's own
-    key, value and gate projections and a state cache, not a paged KV cache."""
-
-    def __init__(self, layer: Any) -> None:
-        self.layer = layer
-
-    forward = staticmethod(gated_linear_attention)
-
-
-class MambaStateBackend(AttentionBackend):
+class MambaStateBackend(StateBackend):
     name = "mamba"
 
     @classmethod
-    def get_builder_cls(cls) -> type[AttentionMetadataBuilder]:
+    def get_builder_cls(cls) -> type[MambaStateMetadataBuilder]:
         return MambaStateMetadataBuilder
-
-    @classmethod
-    def get_impl_cls(cls) -> type[MambaStateImpl]:  # type: ignore[override]
-        return MambaStateImpl

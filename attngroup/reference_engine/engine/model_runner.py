@@ -54,6 +54,7 @@ import torch
 import triton
 from torch import nn
 
+from attngroup.kernels.backend import StateBackend
 from attngroup.kernels.registry import get_backend
 from attngroup.reference_engine.attention_groups import AttentionGroup, GroupingPolicy
 from attngroup.reference_engine.engine.cuda_graphs.device_spec_step import (
@@ -322,7 +323,10 @@ class ModelRunner:
                 f"the descriptions {sorted(set(self.layers) - set(modules))}"
             )
         for group in self._all_attention_groups():
-            impl_cls = group.backend.get_impl_cls()
+            backend = group.backend
+            if issubclass(backend, StateBackend):
+                continue  # state layers run their own recurrence: nothing to bind
+            impl_cls = backend.get_impl_cls()
             for name in group.layer_names:
                 module, layer = modules[name], self.layers[name]
                 if not isinstance(module, PagedAttention):

@@ -8,7 +8,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from attngroup.kernels.backend import AttentionLayerParams, get_num_attention_heads_from_layers
+from attngroup.kernels.backend import (
+    AttentionLayerParams,
+    AttentionMetadataBuilder,
+    StateMetadataBuilder,
+    get_num_attention_heads_from_layers,
+)
 from attngroup.kernels.registry import get_backend
 from attngroup.reference_engine.attention_groups import (
     AttentionGroupKey,
@@ -17,7 +22,7 @@ from attngroup.reference_engine.attention_groups import (
 )
 from attngroup.reference_engine.grouping_plan import plan_grouping
 from attngroup.reference_engine.kv_cache_groups import get_kv_cache_groups
-from attngroup.reference_engine.kv_cache_spec import UniformTypeKVCacheSpecs
+from attngroup.reference_engine.kv_cache_spec import MambaSpec, UniformTypeKVCacheSpecs
 from attngroup.reference_engine.layers import LayerDescription, LayerKind, Role
 from attngroup.reference_engine.model_pairs import get_model_pair
 
@@ -129,6 +134,24 @@ def test_state_layers_have_zero_query_heads():
     plan = plan_grouping(pair.layers(), "split")
     state = [e for row in plan.attention_groups for e in row if e.group.backend.name == "mamba"]
     assert state and all(e.group.num_heads_q == 0 and e.builder_num_heads == 0 for e in state)
+
+
+def test_state_groups_get_state_builders_from_their_layer_names():
+    """A hybrid pair's state groups get state builders (made from the layer names alone),
+    its attention groups attention builders; each serves exactly its group's layers."""
+    layers = get_model_pair("qwen3-next-mtp").layers()
+    plan = plan_grouping(layers, "split")
+    by_name = {layer.name: layer for layer in layers}
+    kinds = set()
+    for group in (e.group for row in plan.attention_groups for e in row):
+        group.create_metadata_builders(by_name, "cpu", max_num_seqs=4)
+        builder = group.get_metadata_builder()
+        is_state = isinstance(group.kv_cache_spec, MambaSpec)
+        kinds.add(is_state)
+        assert isinstance(builder, StateMetadataBuilder if is_state else AttentionMetadataBuilder)
+        assert builder.layer_names == tuple(group.layer_names)
+        assert builder.num_heads_q == group.num_heads_q
+    assert kinds == {True, False}
 
 
 @pytest.fixture

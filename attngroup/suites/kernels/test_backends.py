@@ -17,7 +17,14 @@ import triton
 from attngroup.kernels.backend import AttentionLayerParams, AttentionMetadataBuilder
 from attngroup.kernels.backends.common import HeadCountMismatchError
 from attngroup.kernels.metadata import CommonAttentionMetadata
-from attngroup.kernels.registry import BACKEND_PATHS, get_backend
+from attngroup.kernels.registry import (
+    BACKEND_PATHS,
+    STATE_BACKENDS,
+    NotAnAttentionBackendError,
+    NotAStateBackendError,
+    get_backend,
+    get_state_backend,
+)
 from attngroup.reference_engine.kv_cache_spec import FullAttentionSpec, SlidingWindowSpec
 from attngroup.suites.kernels.backend_harness import (
     ATTENTION_BACKENDS,
@@ -184,6 +191,25 @@ def test_registry_identity(name: str) -> None:
     assert backend.full_cls_name() == BACKEND_PATHS[name]
     assert backend.get_builder_cls().__module__ == backend.__module__
     assert backend.get_impl_cls().__module__ == backend.__module__
+
+
+@pytest.mark.parametrize("name", sorted(STATE_BACKENDS))
+def test_registry_identity_of_state_backends(name: str) -> None:
+    """A state backend resolves through its own lookup, with a builder and no implementation."""
+    backend = get_state_backend(name)
+    assert backend.name == name
+    assert backend.full_cls_name() == BACKEND_PATHS[name]
+    assert backend.get_builder_cls().__module__ == backend.__module__
+    assert not hasattr(backend, "get_impl_cls")
+
+
+def test_registry_lookups_refuse_the_other_kind() -> None:
+    """Each lookup returns its own kind only: the kind says which builder constructor the
+    engine calls."""
+    with pytest.raises(NotAnAttentionBackendError):
+        get_backend("mamba")
+    with pytest.raises(NotAStateBackendError):
+        get_state_backend("torch")
 
 
 def test_cpu_availability() -> None:

@@ -61,7 +61,7 @@ class GraphGroup:
 
     name: str
     kv_cache_group: int
-    builder: Any  # AttentionMetadataBuilder
+    builder: Any  # a MetadataBuilder, attention or state
     layer_names: tuple[str, ...]
 
 
