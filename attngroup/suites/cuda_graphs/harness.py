@@ -55,9 +55,17 @@ class TwinRunners:
         return steps
 
 
-def make_twins(pair: str, backend: str, dtype: str, *, record_drafts: bool = True) -> TwinRunners:
+def make_twins(
+    pair: str,
+    backend: str,
+    dtype: str,
+    *,
+    record_drafts: bool = True,
+    max_model_len: int = MAX_MODEL_LEN,
+) -> TwinRunners:
     """Eager and graph runners of one pair; ``record_drafts`` records every draft logits call
-    (on the host: not for a graph that captures the draft's lm-head itself)."""
+    (on the host: not for a graph that captures the draft's lm-head itself);
+    ``max_model_len``: the context capacity of the graph runner's captured steps."""
 
     def runner(cuda_graph: bool) -> ModelRunner:
         return ModelRunner(
@@ -70,7 +78,7 @@ def make_twins(pair: str, backend: str, dtype: str, *, record_drafts: bool = Tru
             max_num_seqs=MAX_NUM_SEQS,
             max_num_batched_tokens=MAX_NUM_SEQS * MAX_MODEL_LEN,
             cuda_graph=cuda_graph,
-            max_model_len=MAX_MODEL_LEN,
+            max_model_len=max_model_len,
         )
 
     twins = TwinRunners(eager=runner(False), graph=runner(True))

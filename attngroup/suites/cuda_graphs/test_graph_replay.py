@@ -7,7 +7,9 @@ replayed stale plan data). A batch of 3 runs the bucket of 4 with one padding re
 a batch of 4 fills it exactly, a batch of 1 the smallest bucket. Checked: verify logits
 and every draft step's logits against eager within ``RTOL``, the same drafted tokens
 (fp32), the KV caches (every block no request owns, the null block included, bit for bit
-as poisoned: padding requests write nothing), and that graphs did run.
+as poisoned: padding requests write nothing), and that graphs did run. A verify whose
+context outgrows the captured capacity runs eagerly and one that fills it replays, both
+equal to eager (vLLM #9285: sequences past max_seq_len_to_capture replayed the graphs).
 
 On the CPU the same code replays through ``HostReplay`` (Triton under its interpreter:
 one pair there, the rest on the GPU; FlashInfer through the kernel suite's stand-in).
@@ -20,7 +22,7 @@ import torch
 
 from attngroup.kernels.backends.flashinfer_attn import FlashInferBackend
 from attngroup.reference_engine.engine.cuda_graphs.capture_plan import StepKind
-from attngroup.reference_engine.model_pairs import MODEL_PAIRS
+from attngroup.reference_engine.model_pairs import MODEL_PAIRS, get_model_pair
 from attngroup.suites.cuda_graphs.harness import (
     DEVICE,
     ON_GPU,
@@ -144,6 +146,62 @@ def test_replay_equals_eager(pair: str, backend: str, dtype: str, num_reqs: int,
     if dtype == "fp32":
         assert results["graph"]["drafts"] == results["eager"]["drafts"]
     check_caches(twins, before, num_reqs, bound)
+
+
+SHORT_CAPACITY = 32  # context tokens the captured steps of the capacity test hold
+
+
+@pytest.fixture(scope="module")
+def short_capacity_twins() -> TwinRunners:
+    """The CPU case's twins, the graph runner capturing steps that hold 32 context tokens."""
+    return make_twins(*CPU_CASE, max_model_len=SHORT_CAPACITY)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "expect_graph"),
+    [
+        # verify seq_len = prompt + K + 1: 29 + 3 = 32 fills the capacity exactly
+        pytest.param((29, 9), True, id="longest-reaches-the-capacity-replays"),
+        pytest.param((30, 9), False, id="longest-one-past-the-capacity-runs-eagerly"),
+        pytest.param((40, 9), False, id="longest-far-past-the-capacity-runs-eagerly"),
+    ],
+)
+@pytest.mark.case(pair=CPU_CASE[0], backend=CPU_CASE[1], dtype=CPU_CASE[2], k=K)
+def test_a_context_past_the_captured_capacity_runs_eagerly(
+    short_capacity_twins: TwinRunners, lengths: tuple[int, ...], expect_graph: bool
+) -> None:
+    """A captured step holds block tables ``capacity`` tokens wide and a launch plan made for
+    that length: a verify whose context outgrows it must run eagerly, one that fits replays
+    (vLLM #9285: sequences longer than max_seq_len_to_capture still replayed the graphs)."""
+    twins = short_capacity_twins
+    pair = CPU_CASE[0]
+    seed = sum(lengths)
+    poison(twins, seed=seed)
+    batch = make_batch(pair, len(lengths), lengths, seed=seed, tag=f"capacity-{lengths[0]}")
+    vocab = get_model_pair(pair).target_config().vocab_size
+    generator = torch.Generator().manual_seed(seed + 1)
+    chunks = torch.randint(0, vocab, (len(lengths), K + 1), generator=generator).tolist()
+    starts = [len(prompt) for prompt in batch.prompts]  # every prompt token cached
+    assert (max(starts) + K + 1 <= SHORT_CAPACITY) == expect_graph, "the case's lengths"
+    counts = twins.graph_steps.counts  # the graph runner's passes
+    before = {mode: counts[StepKind.VERIFY.value, mode] for mode in ("graph", "eager")}
+    logits = {}
+    for name, runner in twins.both:
+        prefill(runner, batch)
+        logits[name] = verify(runner, batch, chunks, starts)
+        runner.remove_requests(batch.ids)
+    ran = {mode: counts[StepKind.VERIFY.value, mode] - n for mode, n in before.items()}
+
+    for request_index, (e, g) in enumerate(zip(logits["eager"], logits["graph"], strict=True)):
+        error = relative_error(g, e)
+        assert error <= RTOL["fp32"], (
+            f"request {request_index} (context {starts[request_index]} + {K + 1}, capacity "
+            f"{SHORT_CAPACITY}): graph-runner verify logits differ from eager by {error:.2e}"
+        )
+    expected = {"graph": 1, "eager": 0} if expect_graph else {"graph": 0, "eager": 1}
+    assert ran == expected, (
+        f"verify of contexts {starts} + {K + 1} at capacity {SHORT_CAPACITY}: ran {ran}"
+    )
 
 
 @pytest.mark.parametrize(
