@@ -15,26 +15,21 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 import time
 import tomllib
-import venv
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attngroup.suites.engines.vllm_releases import (
     BUILT_FILE,
-    METADATA_REQUIREMENTS,
-    build_env,
+    VenvBuild,
     build_requirements,
     cache_root,
     cpu_torch_pin,
-    installer,
     project_requirements,
-    run_logged,
 )
 
 #: The files that decide what an editable install of the tree needs (``setup.py`` reads
@@ -158,32 +153,12 @@ def build_checkout_venv(path: str | Path, cache: Path | None = None) -> Checkout
     if target.is_current(fingerprint, torch_pin):
         return target
     requirements = _build_requirements(source)
-    if target.root.exists():
-        shutil.rmtree(target.root)  # stale or half built
-    target.root.mkdir(parents=True)
-    log = target.root / "build.log"
-    started = time.monotonic()
-    venv.create(target.root, with_pip=True)
-    env = build_env()
-    constraints = target.root / "constraints.txt"
-    constraints.write_text(torch_pin + "\n")
-    pip = [*installer(target.python), "-c", constraints]
-    run_logged([*pip, torch_pin, *METADATA_REQUIREMENTS, *requirements], log, env)
+    build = VenvBuild.start(target.root, torch_pin)
+    build.install(*requirements)
     # Editable, without build isolation (which would bring the CUDA torch the tree pins);
     # the installer resolves the tree's Requires-Dist, the constraint keeps the CPU torch.
-    run_logged([*pip, "--no-build-isolation", "-e", source, *project_requirements()], log, env)
-    (target.root / BUILT_FILE).write_text(
-        json.dumps(
-            {
-                "source": str(source),
-                "fingerprint": fingerprint,
-                "torch": torch_pin,
-                "seconds": round(time.monotonic() - started),
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    build.install("--no-build-isolation", "-e", source, *project_requirements())
+    build.finish(source=str(source), fingerprint=fingerprint)
     return target
 
 

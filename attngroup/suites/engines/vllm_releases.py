@@ -239,42 +239,65 @@ def build_env() -> dict[str, str]:
     return {**os.environ, "VLLM_TARGET_DEVICE": "empty", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 
 
+@dataclass(frozen=True)
+class VenvBuild:
+    """One venv being built for a vLLM tree: its log, the build environment (no kernels, and
+    ``extra_env``) and an installer held to the CPU torch by a constraint file."""
+
+    root: Path
+    torch_pin: str
+    started: float
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def start(cls, root: Path, torch_pin: str, **extra_env: str) -> VenvBuild:
+        """A fresh venv at ``root`` (a stale or half-built one removed) with the CPU torch and
+        what vLLM's build needs without build isolation."""
+        if root.exists():
+            shutil.rmtree(root)
+        root.mkdir(parents=True)
+        build = cls(root, torch_pin, time.monotonic(), tuple(extra_env.items()))
+        venv.create(root, with_pip=True)
+        (root / "constraints.txt").write_text(torch_pin + "\n")
+        build.install(torch_pin, *METADATA_REQUIREMENTS)
+        return build
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**build_env(), **dict(self.extra_env)}
+
+    def run(self, *command: str | Path) -> None:
+        run_logged(command, self.root / "build.log", self.env)
+
+    def install(self, *requirements: str | Path) -> None:
+        self.run(*installer(self.python), "-c", self.root / "constraints.txt", *requirements)
+
+    def finish(self, **record: str) -> None:
+        """Marks the venv built: ``built.json`` with ``record``, the torch and the seconds taken."""
+        seconds = round(time.monotonic() - self.started)
+        built = {**record, "torch": self.torch_pin, "seconds": seconds}
+        (self.root / BUILT_FILE).write_text(json.dumps(built, indent=1) + "\n")
+
+
 def build_release_venv(version: str, cache: Path | None = None) -> ReleaseVenv:
     """The release's venv, built unless the cache has it."""
     target = release_venv(version, cache)
     if target.is_built:
         return target
-    if target.root.exists():
-        shutil.rmtree(target.root)  # half built
-    target.root.mkdir(parents=True)
-    log = target.root / "build.log"
-    started = time.monotonic()
-    venv.create(target.root, with_pip=True)
-    python = target.python
-    env = {**build_env(), "VLLM_VERSION_OVERRIDE": version}
-    constraints = target.root / "constraints.txt"
-    torch_pin = cpu_torch_pin()
-    constraints.write_text(torch_pin + "\n")
-    pip = [*installer(python), "-c", constraints]
-    run_logged([*pip, torch_pin, *METADATA_REQUIREMENTS], log, env)
-    sdist = _sdist(version, python, env, log)
-    run_logged([*pip, *build_requirements(sdist_pyproject(sdist))], log, env)
+    build = VenvBuild.start(target.root, cpu_torch_pin(), VLLM_VERSION_OVERRIDE=version)
+    sdist = _sdist(version, build.python, build.env, build.root / "build.log")
+    build.install(*build_requirements(sdist_pyproject(sdist)))
     wheels = target.root / "wheel"
-    run_logged(
-        [python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, sdist],
-        log,
-        env,
+    build.run(
+        build.python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, sdist
     )
-    wheel = next(wheels.glob("vllm-*.whl"))
     # pip resolves the wheel's own Requires-Dist; the constraint keeps the CPU torch.
-    run_logged([*pip, wheel, *project_requirements()], log, env)
-    (target.root / BUILT_FILE).write_text(
-        json.dumps(
-            {"vllm": version, "torch": torch_pin, "seconds": round(time.monotonic() - started)},
-            indent=1,
-        )
-        + "\n"
-    )
+    build.install(next(wheels.glob("vllm-*.whl")), *project_requirements())
+    build.finish(vllm=version)
     return target
 
 
