@@ -34,11 +34,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
 
+from attngroup.kernels.backend import MetadataBuilder
 from attngroup.kernels.backends.flashinfer_attn import FlashInferMetadataBuilder
 from attngroup.kernels.backends.flashinfer_graph import FlashInferGraphWrapper
 from attngroup.kernels.metadata import CommonAttentionMetadata, cdiv
@@ -61,7 +62,7 @@ class GraphGroup:
 
     name: str
     kv_cache_group: int
-    builder: Any  # a MetadataBuilder, attention or state
+    builder: MetadataBuilder  # attention or state
     layer_names: tuple[str, ...]
 
 
@@ -115,7 +116,7 @@ def capture(fn: Callable[[], Outputs], device: torch.device) -> HostReplay | Cud
     return CudaGraphReplay(fn, device) if device.type == "cuda" else HostReplay(fn)
 
 
-def plans_on_host(builder: Any) -> bool:
+def plans_on_host(builder: MetadataBuilder) -> TypeGuard[FlashInferMetadataBuilder]:
     """Whether a group's metadata needs a plan made on the host from the step's lengths
     (FlashInfer: a CUDA-graph wrapper planned before each replay); the rest read only
     device buffers, so a captured pass can take its lengths from the pass before it."""
