@@ -14,6 +14,7 @@ run record.
     nox -s vllm_conformance -- --versions 0.22.1..0.34.0          # every minor release
     nox -s vllm_conformance -- --versions 0.29.0 --runner v2       # one release, the V2 runner
     nox -s vllm_conformance -- --source ~/src/vllm                 # your tree beside 0.34.0
+    nox -s vllm_conformance -- --versions none --source ~/src/vllm@origin/main --source ~/src/vllm
     nox -s vllm_conformance -- --versions 0.34.0 --suite           # plus the suite's run record
 
 Exits 1 when a ``--source`` tree fails a pair, 3 when any cell is an adapter error (a
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import nox
 
-from attngroup.suites.engines.vllm_checkout import checkout_venv
+from attngroup.suites.engines.vllm_checkout import SourceSpec, checkout_venv, materialize
 from attngroup.suites.engines.vllm_releases import default_versions, parse_versions, release_venv
 
 LOCK = "requirements/lock.txt"  # the CPU torch that every release venv gets, and the project's deps
@@ -43,7 +44,7 @@ def _options(posargs: list[str]) -> argparse.Namespace:
         "--source",
         action="append",
         default=[],
-        help="a vLLM source tree (git checkout) to judge, repeatable",
+        help="a vLLM source tree (git checkout) to judge, or DIR@REF for one commit of it; repeatable",
     )
     parser.add_argument("--runner", choices=("auto", "v1", "v2"), default="auto")
     parser.add_argument("--cache", default=None, help="the venv cache folder")
@@ -61,7 +62,7 @@ def vllm_conformance(session: nox.Session) -> None:
     if options.cache:
         env["AGC_VLLM_CACHE"] = str((invoked_from / Path(options.cache).expanduser()).resolve())
     versions = options.versions or default_versions(bool(options.source))
-    sources = [str((invoked_from / Path(s).expanduser()).resolve()) for s in options.source]
+    sources = [SourceSpec.parse(text, invoked_from).text for text in options.source]
     if options.suite:
         _run_suites(session, versions, sources, options.runner, env)
     timeline = ["python", "-m", "attngroup.suites.grouping.vllm_timeline", "run"]
@@ -79,7 +80,7 @@ def _run_suites(
     venvs = {version: release_venv(version, cache).python for version in parse_versions(versions)}
     for source in sources:  # builds (or finds) the venv, then names it
         session.run("python", "-m", "attngroup.suites.engines.vllm_checkout", source, env=env)
-        built = checkout_venv(Path(source), cache)
+        built = checkout_venv(materialize(SourceSpec.parse(source), cache), cache)
         venvs[built.root.name] = built.python
     for name, python in venvs.items():
         session.run(

@@ -15,10 +15,12 @@ import pytest
 from attngroup.suites.engines.vllm_checkout import (
     BUILT_FILE,
     CheckoutSpecError,
+    SourceSpec,
     build_checkout_venv,
     checkout_venv,
     dependency_fingerprint,
     identify,
+    materialize,
     source_tree,
 )
 from attngroup.suites.grouping.vllm_timeline import checkout_failures, main, markdown_table
@@ -37,6 +39,12 @@ def _git(root: Path, *args: str) -> None:
         check=True,
         capture_output=True,
     )
+
+
+def _head(root: Path) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -68,9 +76,7 @@ def test_a_tree_without_vllms_files_is_refused_by_name(tmp_path: Path):
 
 
 def test_identity_names_branch_commit_and_uncommitted_changes(tree: Path):
-    commit = subprocess.run(
-        ["git", "-C", str(tree), "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = _head(tree)
     assert identify(tree).label == f"checkout main@{commit}"
     (tree / "notes.txt").write_text("untracked files are not the tree's code\n")
     assert not identify(tree).dirty
@@ -78,6 +84,53 @@ def test_identity_names_branch_commit_and_uncommitted_changes(tree: Path):
     assert identify(tree).label == f"checkout main@{commit}+dirty"
     _git(tree, "checkout", "-q", "--detach")
     assert identify(tree).label == f"checkout {commit}+dirty"
+
+
+@pytest.mark.parametrize(
+    "text, directory, ref",
+    [
+        ("vllm", "vllm", None),
+        ("vllm@origin/main", "vllm", "origin/main"),
+        ("/src/vllm@v0.34.0", "/src/vllm", "v0.34.0"),
+        ("vllm@", "vllm@", None),
+        ("odd@name", "odd@name", None),  # an existing folder whose name holds an @
+    ],
+    ids=["tree", "tree-at-ref", "absolute-at-tag", "trailing-at", "at-in-an-existing-path"],
+)
+def test_a_source_names_a_tree_or_one_commit_of_it(text, directory, ref, tmp_path: Path):
+    (tmp_path / "odd@name").mkdir()
+    assert SourceSpec.parse(text, tmp_path) == SourceSpec(tmp_path / directory, ref)
+
+
+def test_a_ref_is_judged_in_a_worktree_that_follows_it(tree: Path, tmp_path: Path):
+    cache = tmp_path / "cache"
+    _git(tree, "checkout", "-q", "-b", "feature")
+    (tree / "vllm" / "worker.py").write_text("KEY = ('backend', 'spec')\n")
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-qm", "drop the head count")
+    main = SourceSpec(tree, "main")
+    worktree = materialize(main, cache)
+    assert worktree.parent == cache / "trees" and not (worktree / "vllm" / "worker.py").exists()
+    assert identify(worktree, "main").label == f"checkout main@{_head(worktree)}"
+    _git(tree, "checkout", "-q", "main")
+    (tree / "vllm" / "worker.py").write_text("KEY = ('backend', 'spec', 'heads')\n")
+    _git(tree, "add", "-A")
+    _git(tree, "commit", "-qm", "main moves on")
+    assert materialize(main, cache) == worktree  # the same tree, so the same venv
+    assert _head(worktree) == _head(tree)
+    assert "heads" in (worktree / "vllm" / "worker.py").read_text()
+    assert materialize(SourceSpec(tree), cache) == tree.resolve()  # DIR alone: the tree itself
+
+
+@pytest.mark.parametrize(
+    "ref", ["no-such-branch", "main~5"], ids=["unknown-branch", "past-the-root"]
+)
+def test_a_ref_git_cannot_resolve_is_refused_before_the_cache_is_touched(
+    ref: str, tree: Path, tmp_path: Path
+):
+    with pytest.raises(CheckoutSpecError, match=f"not a git repository that knows '{ref}'"):
+        materialize(SourceSpec(tree, ref), tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
 
 
 def test_a_tree_outside_git_is_named_by_its_folder(tmp_path: Path):

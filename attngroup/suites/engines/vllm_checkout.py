@@ -7,7 +7,11 @@ an edit to vLLM's Python is judged at once, without a rebuild. The venv is rebui
 the tree's dependency files change (``pyproject.toml``, ``setup.py``,
 ``requirements/*.txt``: the fingerprint in its ``built.json``) or the CPU torch does.
 
-``python -m attngroup.suites.engines.vllm_checkout DIR`` builds (or finds) the venv.
+``--source DIR@REF`` judges one commit of the repository instead (``~/vllm@origin/main``
+beside ``~/vllm`` compares your change with main): REF is checked out in a git worktree kept in
+the cache, with its own venv.
+
+``python -m attngroup.suites.engines.vllm_checkout DIR[@REF]`` builds (or finds) the venv.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -62,6 +67,29 @@ class CheckoutIdentity:
         return {**asdict(self), "label": self.label}
 
 
+@dataclass(frozen=True)
+class SourceSpec:
+    """A ``--source`` value: a tree as it is now (``DIR``, uncommitted edits included), or one
+    commit of its repository (``DIR@REF``: a branch, tag or commit, e.g. ``~/vllm@origin/main``)."""
+
+    directory: Path
+    ref: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, base: Path | None = None) -> SourceSpec:
+        """``DIR`` or ``DIR@REF``, ``DIR`` taken from ``base`` (default: the working folder)
+        when relative; an ``@`` that is part of an existing path stays in the path."""
+        base = base or Path.cwd()
+        directory, at, ref = text.rpartition("@")
+        if not at or not directory or not ref or (base / Path(text).expanduser()).exists():
+            directory, ref = text, ""
+        return cls(base / Path(directory).expanduser(), ref or None)
+
+    @property
+    def text(self) -> str:
+        return f"{self.directory}@{self.ref}" if self.ref else str(self.directory)
+
+
 def source_tree(path: str | Path) -> Path:
     """``path`` resolved, once it is known to hold vLLM's package and build files."""
     root = Path(path).expanduser().resolve()
@@ -83,12 +111,41 @@ def _git(root: Path, *args: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def identify(root: Path) -> CheckoutIdentity:
-    """The tree's commit, branch and whether tracked files differ from it."""
+def materialize(spec: SourceSpec, cache: Path | None = None) -> Path:
+    """The tree ``spec`` names: ``DIR`` itself; for ``DIR@REF`` a git worktree of ``DIR``'s
+    repository at REF's current commit, kept in the cache (moved there again on every call, so
+    its venv and editable install stay; ``git worktree list`` in ``DIR`` shows it)."""
+    if spec.ref is None:
+        return source_tree(spec.directory)
+    repository = spec.directory.resolve()
+    commit = _git(repository, "rev-parse", "--verify", "--quiet", f"{spec.ref}^{{commit}}")
+    if commit is None:
+        raise CheckoutSpecError(
+            f"--source {spec.text}: {repository} is not a git repository that knows {spec.ref!r}"
+        )
+    name = hashlib.sha256(f"{repository}@{spec.ref}".encode()).hexdigest()[:12]
+    tree = (cache or cache_root()) / "trees" / name
+    moved = (tree / ".git").is_file() and _git(
+        tree, "checkout", "--quiet", "--detach", "--force", commit
+    ) is not None
+    if not moved:  # no worktree there yet, or one git no longer knows
+        if tree.exists():
+            shutil.rmtree(tree)
+        _git(repository, "worktree", "prune")
+        tree.parent.mkdir(parents=True, exist_ok=True)
+        worktree = ("worktree", "add", "--quiet", "--detach", "--force", str(tree), commit)
+        if _git(repository, *worktree) is None:
+            raise RuntimeError(f"git -C {repository} {' '.join(worktree)} failed")
+    return source_tree(tree)
+
+
+def identify(root: Path, ref: str | None = None) -> CheckoutIdentity:
+    """The tree's commit, its branch (or the ``ref`` it was checked out at) and whether
+    tracked files differ from the commit."""
     commit = _git(root, "rev-parse", "--short=10", "HEAD")
     if commit is None:
         return CheckoutIdentity(str(root), None, None, False)
-    branch = _git(root, "symbolic-ref", "--quiet", "--short", "HEAD")
+    branch = ref or _git(root, "symbolic-ref", "--quiet", "--short", "HEAD")
     status = _git(root, "status", "--porcelain", "--untracked-files=no")
     return CheckoutIdentity(str(root), commit, branch or None, bool(status))
 
@@ -169,15 +226,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="exit status: 0 built or found; 2 bad input (not a vLLM source tree); "
         "a failed build raises, naming its log",
     )
-    parser.add_argument("source", help="a vLLM source tree (git checkout)")
+    parser.add_argument("source", help="a vLLM source tree (git checkout), or DIR@REF")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    spec = SourceSpec.parse(args.source)
     try:
-        built = build_checkout_venv(args.source)
+        built = build_checkout_venv(materialize(spec))
     except CheckoutSpecError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    label = identify(built.source).label
+    label = identify(built.source, spec.ref).label
     print(f"{label}: {built.root} ({time.monotonic() - started:.0f} s)", flush=True)
     return 0
 

@@ -43,8 +43,9 @@ from attngroup.suites.engines.verdict_states import (
 )
 from attngroup.suites.engines.vllm_checkout import (
     CheckoutSpecError,
+    SourceSpec,
     build_checkout_venv,
-    source_tree,
+    materialize,
 )
 from attngroup.suites.engines.vllm_releases import (
     REPO_ROOT,
@@ -293,11 +294,12 @@ def judge_release(version: str, runner: str, out: Path) -> Path:
     return _judge(venv.python, out / f"verdicts-{version}.json", runner, f"vLLM {version}")
 
 
-def judge_checkout(source: str, runner: str, out: Path) -> Path:
+def judge_checkout(spec: SourceSpec, tree: Path, runner: str, out: Path) -> Path:
     """A source tree's verdicts, in its venv (vLLM editable: the tree as it is now)."""
-    venv = build_checkout_venv(source)
+    venv = build_checkout_venv(tree)
+    ref = ["--checkout-ref", spec.ref] if spec.ref else []
     target = out / f"verdicts-{venv.root.name}.json"
-    return _judge(venv.python, target, runner, str(venv.source), "--checkout", str(venv.source))
+    return _judge(venv.python, target, runner, spec.text, "--checkout", str(tree), *ref)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -317,7 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"with --source {default_versions(True)})",
     )
     run.add_argument(
-        "--source", action="append", default=[], help="a vLLM source tree to judge (repeatable)"
+        "--source",
+        action="append",
+        default=[],
+        help="a vLLM source tree to judge, or DIR@REF for one commit of it (repeatable)",
     )
     run.add_argument("--runner", choices=RUNNER_CHOICES, default="auto")
     run.add_argument("--out", type=Path, default=Path("out") / "vllm")
@@ -331,12 +336,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             started = time.monotonic()
             versions = args.versions or default_versions(bool(args.source))
-            sources = [source_tree(path) for path in args.source]  # bad paths: before any work
+            specs = [SourceSpec.parse(text) for text in args.source]
+            trees = [materialize(spec) for spec in specs]  # bad trees and refs: before any build
             releases = parse_versions(versions)
-            if not releases and not sources:
+            if not releases and not specs:
                 raise ReleaseSpecError("--versions none and no --source: nothing to judge")
             files = [judge_release(v, args.runner, args.out) for v in releases]
-            files += [judge_checkout(str(path), args.runner, args.out) for path in sources]
+            files += [
+                judge_checkout(spec, tree, args.runner, args.out)
+                for spec, tree in zip(specs, trees, strict=True)
+            ]
             print(f"judged in {time.monotonic() - started:.0f} s", file=sys.stderr)
         else:
             files = args.files

@@ -1,7 +1,7 @@
 """Per-pair verdicts of the grouping checks on the installed vLLM.
 
 ``python -m attngroup.suites.grouping.vllm_verdicts run OUT.json [--runner auto|v1|v2]
-[--checkout DIR]`` (in a venv with vLLM) judges every model pair at every TP size it
+[--checkout DIR [--checkout-ref REF]]`` (in a venv with vLLM) judges every model pair at every TP size it
 supports with the grouping suite's own checks and writes ``{"vllm": VERSION, "runner":
 REQUESTED, "pairs": {pair: verdict}}``; with ``--checkout``, also ``"checkout"``: the source
 tree's path, commit, branch and whether tracked files differ from the commit. A verdict is
@@ -87,8 +87,9 @@ class CheckoutMismatchError(RuntimeError):
     harness fault: no verdict on either tree)."""
 
 
-def imported_checkout(source: Path) -> dict:
-    """The checkout's identity, once the installed vLLM is known to be imported from it."""
+def imported_checkout(source: Path, ref: str | None = None) -> dict:
+    """The checkout's identity (named by ``ref`` when it was checked out at one), once the
+    installed vLLM is known to be imported from it."""
     import vllm
 
     imported = Path(vllm.__file__).resolve().parent
@@ -96,13 +97,15 @@ def imported_checkout(source: Path) -> dict:
         raise CheckoutMismatchError(
             f"this venv imports vLLM from {imported}, not from the checkout {source}"
         )
-    return identify(source.resolve()).as_json()
+    return identify(source.resolve(), ref).as_json()
 
 
-def judge_installed_vllm(runner: str = "auto", checkout: Path | None = None) -> dict:
+def judge_installed_vllm(
+    runner: str = "auto", checkout: Path | None = None, checkout_ref: str | None = None
+) -> dict:
     """Verdicts of the installed vLLM for every pair on ``runner`` (with the identity of the
     source tree it is installed from, when it is a checkout)."""
-    source = imported_checkout(checkout) if checkout is not None else None
+    source = imported_checkout(checkout, checkout_ref) if checkout is not None else None
     adapter = VllmEngineAdapter(runner=runner)
     started = time.monotonic()
     pairs = {
@@ -132,9 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument(
         "--checkout", type=Path, default=None, help="the vLLM source tree the venv installs"
     )
+    run.add_argument("--checkout-ref", default=None, help="the git ref the tree was checked out at")
     args = parser.parse_args(argv)
     try:
-        verdicts = judge_installed_vllm(requested_runner(args.runner), args.checkout)
+        verdicts = judge_installed_vllm(
+            requested_runner(args.runner), args.checkout, args.checkout_ref
+        )
     except CheckoutMismatchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
