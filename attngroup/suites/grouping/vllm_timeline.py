@@ -336,11 +336,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             started = time.monotonic()
             versions = args.versions or default_versions(bool(args.source))
-            specs = [SourceSpec.parse(text) for text in args.source]
-            trees = [materialize(spec) for spec in specs]  # bad trees and refs: before any build
             releases = parse_versions(versions)
+            specs = [SourceSpec.parse(text) for text in args.source]
             if not releases and not specs:
                 raise ReleaseSpecError("--versions none and no --source: nothing to judge")
+            trees = [materialize(spec) for spec in specs]  # bad trees and refs: before any build
             files = [judge_release(v, args.runner, args.out) for v in releases]
             files += [
                 judge_checkout(spec, tree, args.runner, args.out)
