@@ -193,6 +193,18 @@ def test_a_checkout_column_follows_the_releases_and_marks_what_the_change_broke(
     assert checkout_failures([branch, *releases]) == ["checkout b@1: gemma4-e2b-mtp"]
 
 
+def test_a_checkouts_change_is_not_put_down_to_a_known_upstream_pr():
+    """Pass -> "builder heads" between releases is PR #43241; on a branch it is the branch."""
+    builder = {**FAIL, "check": "builder heads", "message": "4 vs 8"}
+    release = _verdicts({"gemma4-e2b-mtp": PASS}, "0.23.0")
+    table = markdown_table([release, _verdicts({"gemma4-e2b-mtp": builder}, "0.24.0")])
+    assert "(#43241)" in table
+    table = markdown_table(
+        [release, _verdicts({"gemma4-e2b-mtp": builder}, "0.23.0", "checkout b@1")]
+    )
+    assert "▶ **fail**" in table and "#43241" not in table
+
+
 def test_render_exits_1_when_a_checkout_fails_a_pair_and_still_writes_the_timeline(
     tmp_path, capsys
 ):

@@ -147,7 +147,13 @@ def timeline(verdict_sets: Sequence[dict]) -> tuple[list[str], list[str], dict]:
             state = _state(result)
             changed = previous is not None and state != previous
             prs: tuple[str, ...] = ()
-            if previous is not None and changed and {previous[0], state[0]} <= {PASS, FAIL}:
+            # Known PRs explain changes between releases; a checkout's change is its own.
+            if (
+                previous is not None
+                and changed
+                and not data.get("checkout")
+                and {previous[0], state[0]} <= {PASS, FAIL}
+            ):
                 prs = KNOWN_CHANGES.get((previous[1], state[1]), ())
             cells[(pair, column(data))] = Cell(result, changed, prs)
             previous = state
