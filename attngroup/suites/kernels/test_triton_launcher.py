@@ -125,6 +125,37 @@ def test_verify_reads_kv_once_per_request(
     assert 1 <= config.num_segments <= DEFAULT_NUM_SEGMENTS
 
 
+@pytest.mark.parametrize(
+    ("num_heads_q", "num_kv_heads", "head_size"),
+    [(64, 1, 512), (128, 1, 256), (128, 2, 512), (256, 1, 128)],
+    ids=["hq64-hkv1-d512", "hq128-hkv1-d256", "hq128-hkv2-d512", "hq256-hkv1-d128"],
+)
+@pytest.mark.parametrize("max_query_len", [1, 4, 64])
+@pytest.mark.parametrize("path", ["2d", "3d"])
+def test_a_group_wider_than_the_register_cap_still_fits_one_program(
+    num_heads_q: int, num_kv_heads: int, head_size: int, max_query_len: int, path: LaunchKind
+) -> None:
+    """MQA-like groups of more query heads per KV head than the head size's register cap
+    (16384 // head) allows rows: a program's rows must still hold one whole group, or the
+    q-block holds ``block_m // G == 0`` tokens (vLLM PR #23424: BLOCK_M fixed at 16, a
+    division by zero for more than 16 query heads per KV head)."""
+    config = choose_launch_config(
+        num_heads_q=num_heads_q,
+        num_kv_heads=num_kv_heads,
+        head_size=head_size,
+        num_seqs=4,
+        max_query_len=max_query_len,
+        max_seq_len=4096,
+        path=path,
+    )
+    group_size = num_heads_q // num_kv_heads
+    assert group_size > 16384 // head_size, "the case must exceed the register cap"
+    assert config.block_m >= group_size, (
+        f"block_m {config.block_m} rows cannot hold the {group_size} query heads of one KV head"
+    )
+    assert config.block_q(group_size) >= 1
+
+
 # The fastest segment counts of attngroup.benchmarks.tuning.sweep on the H200 (4 to 32 segments swept)
 # and of the one-wave A/B (h200-2026-12-04-e4b-one-wave-ab.txt, 2 and 3 against the launcher's):
 # (KV programs = q-blocks x KV heads, tiles of the context, wave slots, fastest segments).
