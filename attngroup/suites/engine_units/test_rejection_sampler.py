@@ -110,3 +110,24 @@ def test_random_placeholders_follow_the_first_rejection() -> None:
     positions = torch.arange(4)
     assert bool(((out != PLACEHOLDER_TOKEN_ID) == (positions[None, :] < emitted[:, None])).all())
     assert bool((emitted >= 1).all())
+
+
+@pytest.mark.parametrize("seed", [21, 22], ids=lambda s: f"seed{s}")
+def test_random_on_owned_inputs_reads_the_target_it_was_given(seed: int) -> None:
+    """Contiguous, writable inputs (what the engine passes, not broadcast views): the sampler
+    must not build max(p - q, 0) in place in the caller's p before the acceptance test reads
+    it (vllm-ascend #2881: the recovered step zeroed target_probs, so p(x) read back as 0)."""
+    target, draft = _distributions(seed=seed, k=2)
+    generator = torch.Generator().manual_seed(seed + 100)
+    drafts = torch.multinomial(draft, NUM_SAMPLES, replacement=True, generator=generator).T
+    target_rows = target.repeat(NUM_SAMPLES, 1, 1).contiguous()
+    draft_rows = draft.repeat(NUM_SAMPLES, 1, 1).contiguous()
+    target_before, draft_before = target_rows.clone(), draft_rows.clone()
+    out = random_rejection_sample(drafts, draft_rows, target_rows, generator)
+    assert torch.equal(target_rows, target_before), "the sampler wrote into target_probs"
+    assert torch.equal(draft_rows, draft_before), "the sampler wrote into draft_probs"
+    # P(accept position 0) = sum_x min(p(x), q(x)), from a float64 oracle.
+    expected = float(torch.minimum(target[0].double(), draft[0].double()).sum())
+    measured = float((num_emitted(out) > 1).double().mean())
+    assert abs(measured - expected) / expected < 0.05, (measured, expected)
+    assert chi_square_pvalue(out[:, 0], target[0]) > 0.01
