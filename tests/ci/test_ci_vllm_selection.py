@@ -289,3 +289,42 @@ def test_only_step_keys_takes_the_key_vllm_derives(tmp_path):
     knobs = Knobs(only_step_keys=("cpu-distributed-tests-pp-tp",))
     selection = select_steps(areas, config, ChangeSet("main", "HEAD", "base", ()), knobs)
     assert selection.selected_keys() == {"cpu-distributed-tests-pp-tp"}
+
+
+@pytest.mark.parametrize(
+    ("only_step_keys", "expected"),
+    [
+        (("amd-spec",), {"amd-spec", "prep"}),
+        (("amd-spec", "spec"), {"amd-spec", "spec", "prep"}),
+    ],
+    ids=["mirror-key-alone", "mirror-and-parent"],
+)
+def test_only_step_keys_takes_amd_mirror_keys(tmp_path, only_step_keys, expected):
+    """ci-infra PR #520: a /ci retry forwards a failed mirror's key ``amd-<key>``; the generator
+    indexed only keys declared in the YAML, so bootstrap died with ``Unknown CI step key(s)``.
+    The mirror and the steps it depends on are selected; its NVIDIA parent only when named."""
+    write_tree(
+        tmp_path,
+        {
+            "ci_config.yaml": "job_dirs: [areas]\nexternal_step_keys: [image-build-amd]\n",
+            "areas/spec.yaml": """\
+            steps:
+              - label: Prep
+                key: prep
+                commands: [x]
+              - label: Spec decode
+                key: spec
+                device: h200
+                commands: [pytest spec]
+                mirror:
+                  amd:
+                    device: mi300_1
+                    depends_on: [prep]
+            """,
+        },
+    )
+    config = load_run_config(tmp_path / "ci_config.yaml", "ci_config.yaml")
+    areas = load_test_areas(config, tmp_path)
+    knobs = Knobs(only_step_keys=only_step_keys)
+    selection = select_steps(areas, config, ChangeSet("main", "HEAD", "base", ()), knobs)
+    assert selection.selected_keys() == expected
