@@ -160,6 +160,16 @@ RULE_CASES = [
         [group(FULL, 1, 2), group(mamba_spec(page_size_padded=FULL.page_size_bytes), 3, 4)],
         id="full+mamba-state-page-padded",
     ),
+    pytest.param(
+        # vLLM #43626 / PR #45207: a state page that divides the largest page must still be
+        # padded; scaling a Mamba layer's block size leaves its page (its state) unchanged.
+        layers(FULL, FULL, mamba_spec((2, 1024)), mamba_spec((2, 1024))),
+        [
+            group(FULL, 1, 2),
+            group(mamba_spec((2, 1024), page_size_padded=FULL.page_size_bytes), 3, 4),
+        ],
+        id="full+mamba-state-page-dividing-padded",
+    ),
 ]
 
 
