@@ -28,7 +28,7 @@ from pathlib import Path
 
 import nox
 
-from attngroup.suites.engines.vllm_checkout import SourceSpec, checkout_venv, materialize
+from attngroup.suites.engines.vllm_checkout import SourceSpec, checkout_venv, tree_path
 from attngroup.suites.engines.vllm_releases import default_versions, parse_versions, release_venv
 
 LOCK = "requirements/lock.txt"  # the CPU torch that every release venv gets, and the project's deps
@@ -80,7 +80,7 @@ def _run_suites(
     venvs = {version: release_venv(version, cache).python for version in parse_versions(versions)}
     for source in sources:  # builds (or finds) the venv, then names it
         session.run("python", "-m", "attngroup.suites.engines.vllm_checkout", source, env=env)
-        built = checkout_venv(materialize(SourceSpec.parse(source), cache), cache)
+        built = checkout_venv(tree_path(SourceSpec.parse(source), cache), cache)
         venvs[built.root.name] = built.python
     for name, python in venvs.items():
         session.run(

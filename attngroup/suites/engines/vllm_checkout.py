@@ -111,6 +111,16 @@ def _git(root: Path, *args: str) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+def tree_path(spec: SourceSpec, cache: Path | None = None) -> Path:
+    """Where ``spec``'s tree lies, without making it: ``DIR`` itself, or for ``DIR@REF`` its
+    worktree in the cache (one per repository and ref, so its venv stays)."""
+    repository = spec.directory.resolve()
+    if spec.ref is None:
+        return repository
+    name = hashlib.sha256(f"{repository}@{spec.ref}".encode()).hexdigest()[:12]
+    return (cache or cache_root()) / "trees" / name
+
+
 def materialize(spec: SourceSpec, cache: Path | None = None) -> Path:
     """The tree ``spec`` names: ``DIR`` itself; for ``DIR@REF`` a git worktree of ``DIR``'s
     repository at REF's current commit, kept in the cache (moved there again on every call, so
@@ -123,8 +133,7 @@ def materialize(spec: SourceSpec, cache: Path | None = None) -> Path:
         raise CheckoutSpecError(
             f"--source {spec.text}: {repository} is not a git repository that knows {spec.ref!r}"
         )
-    name = hashlib.sha256(f"{repository}@{spec.ref}".encode()).hexdigest()[:12]
-    tree = (cache or cache_root()) / "trees" / name
+    tree = tree_path(spec, cache)
     moved = (tree / ".git").is_file() and _git(
         tree, "checkout", "--quiet", "--detach", "--force", commit
     ) is not None
