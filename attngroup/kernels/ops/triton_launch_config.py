@@ -147,6 +147,8 @@ class LaunchConfig:
     ``prefetch_block_table``: read each tile's block numbers one iteration ahead.
     ``tma_kv``: load K and V through tensor descriptors (Hopper's tensor-memory accelerator),
     one page per tile: ``tile_size`` must equal the cache's block size.
+    ``max_registers``: Triton's ``maxnreg``, a cap on registers per thread that buys another
+    resident program per SM at the price of spills (None: the compiler's choice).
     """
 
     block_m: int
@@ -158,6 +160,7 @@ class LaunchConfig:
     value_splits: int = 1
     prefetch_block_table: bool = False
     tma_kv: bool = False
+    max_registers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "tile_size"):
@@ -171,6 +174,8 @@ class LaunchConfig:
             value = getattr(self, name)
             if value < 1 or value != next_power_of_2(value):
                 raise ValueError(f"{name} must be a power of two; got {value}")
+        if self.max_registers is not None and not 24 <= self.max_registers <= 255:
+            raise ValueError(f"max_registers must be in 24..255; got {self.max_registers}")
 
     def block_q(self, group_size: int) -> int:
         """Query tokens per program."""

@@ -285,7 +285,7 @@ def _assemble(call: _Call, path: LaunchKind, config: LaunchConfig) -> LaunchPlan
         # A q-block's value parts are neighbours on axis 0, so their K reads meet in L2.
         grid=(grid_q_blocks * config.value_splits, call.num_kv_heads, num_segments),
         constexprs=_attention_constexprs(call, config, split_kv),
-        options=MappingProxyType({"num_warps": config.num_warps, "num_stages": config.num_stages}),
+        options=MappingProxyType(_attention_options(config)),
     )
     needs = None
     if split_kv:
@@ -336,6 +336,14 @@ def _attention_constexprs(
             "TMA_KV": config.tma_kv,
         }
     )
+
+
+def _attention_options(config: LaunchConfig) -> dict[str, int]:
+    """Triton's launch options of the attention kernel (``maxnreg`` only where capped)."""
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if config.max_registers is not None:
+        options["maxnreg"] = config.max_registers
+    return options
 
 
 def _tma_refusal(call: _Call, tile_size: int) -> str | None:

@@ -329,6 +329,20 @@ def test_given_config_is_kept_and_skips_the_probe() -> None:
     assert probe.plans == []
 
 
+def test_a_register_cap_becomes_tritons_maxnreg() -> None:
+    batch = Batch(4, 1, 8, 1, 256, 8192)
+    config = LaunchConfig(16, 32, 4, 3, 5, max_registers=168)
+    plan = _plan(batch, RecordingProbe(THREE_PER_SM), config=config)
+    assert plan is not None
+    assert dict(plan.attention.options) == {"num_warps": 4, "num_stages": 3, "maxnreg": 168}
+
+
+@pytest.mark.parametrize("cap", [16, 256], ids=["below-24", "above-255"])
+def test_a_register_cap_outside_the_hardware_range_is_refused(cap: int) -> None:
+    with pytest.raises(ValueError, match=r"max_registers must be in 24\.\.255"):
+        LaunchConfig(16, 32, 4, 3, max_registers=cap)
+
+
 def test_empty_batch_plans_nothing() -> None:
     probe = RecordingProbe(THREE_PER_SM)
     assert _plan(Batch(0, 1, 8, 1, 64, 10, scratch_segments=None), probe) is None
