@@ -22,7 +22,13 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
 
     The packages are found in ``root`` first; import-linter where this interpreter finds it
     (a GPU image installs it in a folder of its own, beside a copy of the project)."""
-    linter_home = Path(importlib.util.find_spec("importlinter").origin).parents[1]
+    spec = importlib.util.find_spec("importlinter")
+    if spec is None or spec.origin is None:  # a missing tool, not a broken contract
+        pytest.fail(
+            f"import-linter is not installed for {sys.executable}: the contracts cannot be "
+            "checked (requirements/lock.txt pins it; scripts/gpu_tests.sh installs it from WHEELS/tools)"
+        )
+    linter_home = Path(spec.origin).parents[1]
     return subprocess.run(
         [sys.executable, "-c", LINT_IMPORTS, "--no-cache"],
         cwd=root,

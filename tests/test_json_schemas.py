@@ -321,6 +321,31 @@ def test_real_select_output_feeds_the_report(tmp_path: Path) -> None:
     assert "<code>kernels/registry.py</code>" in section
 
 
+def _config_schemas() -> dict[str, dict[str, Any]]:
+    """The launch-config object of each benchmark schema that records one."""
+    tune = json.loads(schema_path("benchmark-tune-attention").read_text(encoding="utf-8"))
+    ab = json.loads(schema_path("benchmark-ab-attention").read_text(encoding="utf-8"))
+    tune_config = tune["additionalProperties"]["items"]["properties"]["config"]["oneOf"][1]
+    return {
+        "benchmark-tune-attention": tune_config,
+        "benchmark-ab-attention": ab["$defs"]["config"],
+    }
+
+
+@pytest.mark.parametrize("name", ["benchmark-tune-attention", "benchmark-ab-attention"])
+def test_every_launch_config_field_is_in_the_schema(name: str) -> None:
+    """The sweep and the A/B write ``LaunchConfig`` whole: a new field must reach the schema
+    (checked here on the CPU; their runs, which validate the files, need the GPU)."""
+    from dataclasses import asdict
+
+    from attngroup.kernels.ops.triton_launch_config import LaunchConfig
+
+    config = asdict(LaunchConfig(16, 16, 4, 3, 2, max_registers=168, tma_kv=True))
+    schema = _config_schemas()[name]
+    assert set(schema["properties"]) == set(config)
+    assert not list(Draft202012Validator(schema).iter_errors(config))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_tune_attention_sweep_matches_its_schema(tmp_path: Path) -> None:

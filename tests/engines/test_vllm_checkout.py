@@ -164,7 +164,16 @@ def test_a_venv_is_current_only_for_the_fingerprint_and_torch_it_was_built_for(
     assert built.built_for() is None
 
 
-def test_a_malformed_pyproject_is_refused_before_the_cache_is_touched(tree: Path, tmp_path: Path):
+def test_a_malformed_pyproject_is_refused_before_the_cache_is_touched(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The tree's fault is named even where this machine could not build a venv either (a
+    CUDA torch: the GPU image), so the error points at the input, not the environment."""
+
+    def cuda_torch() -> str:
+        raise RuntimeError("the interpreter building release venvs has a CUDA torch")
+
+    monkeypatch.setattr("attngroup.suites.engines.vllm_checkout.cpu_torch_pin", cuda_torch)
     (tree / "pyproject.toml").write_text("[build-system\nrequires = [")
     cache = tmp_path / "cache"
     with pytest.raises(

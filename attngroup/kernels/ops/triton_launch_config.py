@@ -82,6 +82,7 @@ TUNED_TMA_OPTIONS: dict[tuple[int, bool, int | None], dict[str, Any]] = {
     for head_size_padded in (256, 512)
     for several_tokens in (False, True)
 }
+TUNED_TMA_OPTIONS[(256, False, 2)] = {**TUNED_TMA_OPTIONS[(256, False, None)], "max_registers": 168}
 """Entries keyed as ``TUNED_BANDWIDTH_OPTIONS`` that replace its entry for a cache whose pages
 tensor descriptors can load one per tile (the tile is the page: the entry applies when the
 page size equals its ``tile_size``; ``triton_launch_plan`` checks the layout). Head 256,
@@ -98,7 +99,12 @@ than every pointer-load variant on the five 64 x 8k cases measured
 (``h200-2026-12-04-head512-tma-prefetch-ab.txt``): e2b verify 274.7 against 361.0 us, e2b
 decode 263.2 against 279.9, e4b decode 508.0 against 540.1, e4b verify 516.4 against 547.5, e4b
 draft 511.7 against 534.0 (its entry above); eight warps on pointer loads, which compile to
-98-128 registers, ran 1.37-1.56x slower."""
+98-128 registers, ran 1.37-1.56x slower. Head 256, one token, two query heads per KV head (the
+e4b draft): the same entry capped at 168 registers, where it compiles to 154 instead of 195 and
+holds 3 programs per SM instead of 2 (``h200-2026-12-05-registers-ab.txt``: 260.8 against 270.5
+us at 64 x 8k, 261.6 against 270.8 at 16 x 32k; a cap of 128, 1.7-1.8 % slower than 168; on the
+decode, four query heads per KV head at 168 registers already, the cap of 168 measured level,
+1.002x)."""
 
 
 def _table_entry(

@@ -213,12 +213,12 @@ def checkout_venv(source: Path, cache: Path | None = None) -> CheckoutVenv:
 def build_checkout_venv(path: str | Path, cache: Path | None = None) -> CheckoutVenv:
     """The tree's venv with vLLM installed editable, built unless the cache has a current one."""
     source = source_tree(path)
+    requirements = _build_requirements(source)  # the tree's own faults first, then this machine's
     target = checkout_venv(source, cache)
     fingerprint = dependency_fingerprint(source)
     torch_pin = cpu_torch_pin()
     if target.is_current(fingerprint, torch_pin):
         return target
-    requirements = _build_requirements(source)
     build = VenvBuild.start(target.root, torch_pin)
     build.install(*requirements)
     # Editable, without build isolation (which would bring the CUDA torch the tree pins);

@@ -376,6 +376,7 @@ def test_a_group_sizes_own_tuned_entry_wins(num_heads_q: int, stages: int) -> No
     ("batch", "tensor_descriptors"),
     [
         pytest.param(Batch(4, 1, 8, 1, 256, 8192), True, id="decode-page-16"),
+        pytest.param(Batch(4, 1, 4, 2, 256, 8192), True, id="draft-2-heads-per-kv-head-page-16"),
         pytest.param(Batch(4, 4, 8, 1, 256, 8192), True, id="verify-page-16"),
         pytest.param(Batch(4, 1, 8, 1, 256, 8192, block_size=32), False, id="decode-page-32"),
         pytest.param(Batch(4, 4, 8, 1, 256, 8192, block_size=32), False, id="verify-page-32"),
@@ -396,14 +397,19 @@ def test_tensor_descriptor_entry_only_where_they_read_the_cache(
     plan = _plan(batch, RecordingProbe(THREE_PER_SM))
     assert plan is not None
     several_tokens = batch.query_len > 1
+    group_size = batch.num_heads_q // batch.num_kv_heads
     assert plan.config.tma_kv is tensor_descriptors
     assert plan.attention.constexprs["TMA_KV"] is tensor_descriptors
     if tensor_descriptors:
-        entry = TUNED_TMA_OPTIONS[(batch.head_size, several_tokens, None)]
+        general = TUNED_TMA_OPTIONS[(batch.head_size, several_tokens, None)]
+        entry = TUNED_TMA_OPTIONS.get((batch.head_size, several_tokens, group_size), general)
         assert {name: getattr(plan.config, name) for name in entry} == entry
+        # Only the e4b draft's shape (head 256, one token, 2 heads per KV head) is capped.
+        capped = (batch.head_size, several_tokens, group_size) == (256, False, 2)
+        assert plan.config.max_registers == (168 if capped else None)
+        assert ("maxnreg" in plan.attention.options) is capped
     else:
         assert plan.config.tile_size > 16
-        group_size = batch.num_heads_q // batch.num_kv_heads
         pointer_entry = tuned_options(
             dot_head_size(batch.head_size), several_tokens, group_size, tma_page_size=None
         )
