@@ -28,7 +28,7 @@ from attngroup.reference_engine.__main__ import main as engine_main
 from attngroup.reports.cli import EXIT_OK
 from attngroup.reports.cli import main as reports_main
 from attngroup.reports.compare import compare_runs
-from attngroup.reports.record import load_record, write_record
+from attngroup.reports.record import load_record, read_json_file, write_record
 from attngroup.reports.selection import load_selection
 from tests.ci.helpers import commit_all, git, init_repo, run_cli, write_tree
 from tests.ci.test_ci_changes import AREAS
@@ -68,8 +68,8 @@ def test_schema_is_valid_draft_2020_12(name: str) -> None:
 
 def _committed_results() -> list[Any]:
     params = []
-    for path in sorted(RESULTS.rglob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
+    for path in sorted([*RESULTS.rglob("*.json"), *RESULTS.rglob("*.json.gz")]):
+        data = read_json_file(path, "committed result")
         if isinstance(data, dict) and "schema" in data:
             name = "run-record"
         elif isinstance(data, list):
@@ -86,7 +86,7 @@ def _committed_results() -> list[Any]:
 def test_committed_results_match_their_schema(path: Path, name: str) -> None:
     """Records, metric lists and sweep reports written by earlier versions (on the GPU)
     still match the contract."""
-    assert_matches_schema(json.loads(path.read_text(encoding="utf-8")), name)
+    assert_matches_schema(read_json_file(path, "committed result"), name)
 
 
 def _select_repo(root: Path) -> Path:

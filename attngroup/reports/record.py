@@ -7,8 +7,10 @@ or foreign JSON file is a clear error rather than a half-rendered report.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,14 +151,22 @@ def write_record(record: RunRecord, path: str | Path) -> Path:
 
 
 def read_json_file(path: str | Path, what: str) -> Any:
-    """Parse a JSON file, turning every way it can be unusable into a RecordError."""
+    """Parse a JSON file, gzip-compressed where its name ends in ``.gz`` (a CI artifact or a
+    committed record kept small), turning every way it can be unusable into a RecordError."""
     source = Path(path)
     try:
-        text = source.read_text(encoding="utf-8")
+        data = source.read_bytes()
+        if source.suffix == ".gz":
+            data = gzip.decompress(data)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise RecordError(f"{what} {str(source)!r} does not exist") from None
     except IsADirectoryError:
         raise RecordError(f"{what} {str(source)!r} is a directory, not a JSON file") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise RecordError(
+            f"{what} {str(source)!r} is not valid gzip (truncated or corrupt?): {error}"
+        ) from None
     except (OSError, UnicodeDecodeError) as error:
         raise RecordError(f"{what} {str(source)!r} cannot be read: {error}") from None
     if not text.strip():

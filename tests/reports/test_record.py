@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -100,6 +101,30 @@ def test_unreadable_input_is_a_clear_error(tmp_path, content, message):
     path = tmp_path / "run.json"
     if content is not None:
         path.write_text(content)
+    with pytest.raises(RecordError, match=message) as error:
+        load_record(path)
+    assert str(path) in str(error.value)
+
+
+def test_a_gzip_compressed_record_reads_as_the_record(tmp_path):
+    record = make_run(make_test("a.py::test_x", "passed"), metrics=(make_metric((1.0, 1.2)),))
+    plain = write_record(record, tmp_path / "run.json")
+    packed = tmp_path / "run.json.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert load_record(packed) == record
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        pytest.param(b"{not gzip}", "is not valid gzip", id="plain-text-named-gz"),
+        pytest.param(gzip.compress(b'{"schema": 1}')[:-12], "is not valid gzip", id="truncated"),
+        pytest.param(gzip.compress(b'{"tests": ['), "not valid JSON", id="truncated-json"),
+    ],
+)
+def test_an_unusable_gzip_record_is_a_clear_error(tmp_path, payload, message):
+    path = tmp_path / "run.json.gz"
+    path.write_bytes(payload)
     with pytest.raises(RecordError, match=message) as error:
         load_record(path)
     assert str(path) in str(error.value)
