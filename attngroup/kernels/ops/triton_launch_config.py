@@ -70,19 +70,22 @@ against 283.5 us, e4b decode 566.6 against 534.5, e2b decode 294.3 against 277.0
 files)."""
 
 
-TUNED_TMA_OPTIONS: dict[tuple[int, bool, int | None], dict[str, Any]] = {
-    (head_size_padded, several_tokens, None): {
-        "tile_size": 16,
-        "num_warps": 4,
-        "num_stages": 3,
-        "value_splits": 1,
-        "prefetch_block_table": True,
-        "tma_kv": True,
-    }
-    for head_size_padded in (256, 512)
-    for several_tokens in (False, True)
+_TMA_PAGE_TILES = {
+    "tile_size": 16,
+    "num_warps": 4,
+    "num_stages": 3,
+    "value_splits": 1,
+    "prefetch_block_table": True,
+    "tma_kv": True,
 }
-TUNED_TMA_OPTIONS[(256, False, 2)] = {**TUNED_TMA_OPTIONS[(256, False, None)], "max_registers": 168}
+TUNED_TMA_OPTIONS: dict[tuple[int, bool, int | None], dict[str, Any]] = {
+    **{
+        (head_size_padded, several_tokens, None): dict(_TMA_PAGE_TILES)
+        for head_size_padded in (256, 512)
+        for several_tokens in (False, True)
+    },
+    (256, False, 2): {**_TMA_PAGE_TILES, "max_registers": 168},
+}
 """Entries keyed as ``TUNED_BANDWIDTH_OPTIONS`` that replace its entry for a cache whose pages
 tensor descriptors can load one per tile (the tile is the page: the entry applies when the
 page size equals its ``tile_size``; ``triton_launch_plan`` checks the layout). Head 256,
