@@ -23,17 +23,13 @@ class SplitKVScratch:
 
     Shapes follow vLLM's ``softmax_segm_*`` buffers, all float32 and contiguous:
     ``segm_output`` [rows, num_heads_q, num_segments, head_size_padded], ``segm_max`` and
-    ``segm_expsum`` [rows, num_heads_q, num_segments]. ``merge_counters`` [rows, num_heads_q],
-    int32, zero between launches: the fused merge counts there the segments of a (q-block, KV
-    head) that have finished (indexed by the q-block's first token and the KV head) and the
-    last one resets its counter. A launch needs ``rows >= num_tokens`` and exactly the query's
-    head count, because the kernels index the buffers with it.
+    ``segm_expsum`` [rows, num_heads_q, num_segments]. A launch needs ``rows >= num_tokens`` and
+    exactly the query's head count, because the kernels index the buffers with it.
     """
 
     segm_output: torch.Tensor
     segm_max: torch.Tensor
     segm_expsum: torch.Tensor
-    merge_counters: torch.Tensor
 
     def __post_init__(self) -> None:
         if self.segm_output.dim() != 4:
@@ -55,15 +51,6 @@ class SplitKVScratch:
             tensor = getattr(self, name)
             if tensor.dtype != torch.float32 or not tensor.is_contiguous():
                 raise ValueError(f"{name} must be a contiguous float32 tensor")
-        counters = self.merge_counters
-        if tuple(counters.shape) != tuple(self.segm_output.shape[:2]):
-            raise ValueError(
-                f"merge_counters shape {tuple(counters.shape)} must equal segm_output's leading "
-                f"[rows, num_heads_q] = {tuple(self.segm_output.shape[:2])}"
-            )
-        if counters.dtype != torch.int32 or not counters.is_contiguous():
-            raise ValueError("merge_counters must be a contiguous int32 tensor")
-        for tensor in (self.segm_max, self.segm_expsum, counters):
             if tensor.device != self.segm_output.device:
                 raise ValueError("the scratch tensors must share a device")
 
@@ -76,8 +63,7 @@ class SplitKVScratch:
         head_size: int,
         device: torch.device | str,
     ) -> SplitKVScratch:
-        """Scratch for ``rows`` query tokens of ``num_heads_q`` heads: the partial results
-        uninitialised, the merge counters zero."""
+        """Uninitialised scratch for ``rows`` query tokens of ``num_heads_q`` heads."""
         if min(rows, num_heads_q, num_segments, head_size) < 1:
             raise ValueError(
                 f"scratch sizes must be positive; got rows={rows}, num_heads_q={num_heads_q}, "
@@ -90,7 +76,6 @@ class SplitKVScratch:
             ),
             segm_max=torch.empty(shape, dtype=torch.float32, device=device),
             segm_expsum=torch.empty(shape, dtype=torch.float32, device=device),
-            merge_counters=torch.zeros(shape[:2], dtype=torch.int32, device=device),
         )
 
     @property

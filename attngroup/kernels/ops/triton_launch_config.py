@@ -150,7 +150,7 @@ class LaunchConfig:
     the group size. ``tile_size``: keys per inner-loop step, a power of two >= 16.
     ``num_segments``: KV segments of a split-KV launch (ignored by 2D), at most the scratch's;
     None: as many as fill whole waves of the compiled kernel (what the heuristic does).
-    ``merge_heads_per_program``: query heads per program of the split-KV merge kernel.
+    ``merge_heads_per_program``: query heads per program of the split-KV merge.
     ``value_splits``: programs that share one q-block's softmax, each owning that fraction of
     V's (padded) head dimension; a power of two leaving >= 16 columns each.
     ``prefetch_block_table``: read each tile's block numbers one iteration ahead.
@@ -158,8 +158,6 @@ class LaunchConfig:
     one page per tile: ``tile_size`` must equal the cache's block size.
     ``max_registers``: Triton's ``maxnreg``, a cap on registers per thread that buys another
     resident program per SM at the price of spills (None: the compiler's choice).
-    ``fused_merge``: on the split-KV path the last segment program of a (q-block, KV head) to
-    finish merges the segments (off: a merge kernel runs after the attention kernel).
     """
 
     block_m: int
@@ -172,7 +170,6 @@ class LaunchConfig:
     prefetch_block_table: bool = False
     tma_kv: bool = False
     max_registers: int | None = None
-    fused_merge: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_m", "tile_size"):

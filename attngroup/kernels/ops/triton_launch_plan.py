@@ -71,8 +71,8 @@ class KernelLaunch:
 @dataclass(frozen=True)
 class LaunchPlan:
     """Everything ``launch`` needs beyond the tensors: the path, the attention kernel's launch,
-    the split-KV merge kernel's (3D without the fused merge only), what the scratch must cover
-    (3D only), and the kernel's runtime scalars."""
+    the split-KV merge's (3D only), what the scratch must cover (3D only), and the kernel's
+    runtime scalars."""
 
     path: LaunchKind
     config: LaunchConfig
@@ -300,7 +300,7 @@ def _assemble(call: _Call, path: LaunchKind, config: LaunchConfig) -> LaunchPlan
         path=path,
         config=config,
         attention=attention,
-        merge=_merge_launch(call, config) if split_kv and not config.fused_merge else None,
+        merge=_merge_launch(call, config) if split_kv else None,
         scratch_needs=needs,
         num_seqs=call.num_seqs,
         q_blocks_per_seq=q_blocks_per_seq,
@@ -326,11 +326,9 @@ def _attention_constexprs(
             "BLOCK_M": config.block_m,
             "BLOCK_Q": config.block_q(call.group_size),
             "SCRATCH_SEGMENTS": call.scratch_segments if split_kv else 1,
-            "SEGMENTS_PADDED": next_power_of_2(call.scratch_segments) if split_kv else 1,
             "USE_SOFTCAP": call.logits_soft_cap is not None,
             "USE_SLIDING_WINDOW": call.sliding_window is not None,
             "SPLIT_KV": split_kv,
-            "FUSED_MERGE": split_kv and config.fused_merge,
             "DOT_IN_FP32": INTERPRETED,
             "DOT_PRECISION": "ieee" if call.dtype == torch.float32 else "tf32",
             "VALUE_SPLITS": config.value_splits,

@@ -13,11 +13,8 @@ How the work is cut:
   online softmax and writes the normalised output.
 * 3D (split-KV) path, grid ``(q-blocks, num_kv_heads, segments)``: each program scans one
   segment of the key range and writes an unnormalised partial output, its running max (in
-  base-2 log units) and its exp-sum to the caller's ``SplitKVScratch``; the last of a
-  (q-block, KV head)'s segment programs to finish, counted with an atomic in the scratch,
-  merges them into the output (``LaunchConfig.fused_merge``; off, a merge kernel with grid
-  ``(tokens, num_heads_q)`` follows). The fused merge saves the second launch and the gap
-  before it: the merge kernel took 3.9-4.5 us of a 126-483 us decode on the H200. It serves decode and short verify
+  base-2 log units) and its exp-sum to the caller's ``SplitKVScratch``; a fused merge kernel,
+  grid ``(tokens, num_heads_q)``, combines the segments. It serves decode and short verify
   (``max_query_len <= 8``), where the 2D grid has too few programs to fill the GPU.
 * The 2D q-block grid axis is the host-side upper bound ``num_tokens // block_q + num_seqs``
   (vLLM's trick), so a launch needs no device sync; programs find their request by binary
@@ -109,8 +106,7 @@ def unified_attention(
 
 
 def launch(plan: LaunchPlan, tensors: AttentionTensors) -> None:
-    """Run ``plan`` on ``tensors``: the attention kernel, then the split-KV merge kernel if the
-    plan has one (not with the fused merge)."""
+    """Run ``plan`` on ``tensors``: the attention kernel, then on the split-KV path the merge."""
     attention = plan.attention
     _unified_attention_kernel[attention.grid](
         *_attention_arguments(plan, tensors), **attention.constexprs, **attention.options
@@ -164,15 +160,6 @@ def _segment_buffers(plan: LaunchPlan, tensors: AttentionTensors) -> tuple[torch
     return (scratch.segm_output, scratch.segm_max, scratch.segm_expsum)
 
 
-def _merge_counters(plan: LaunchPlan, tensors: AttentionTensors) -> torch.Tensor:
-    """The fused merge's counters; a launch without the fused merge never touches them, so it
-    gets the output."""
-    if plan.path == "2d" or not plan.config.fused_merge:
-        return tensors.output
-    assert tensors.scratch is not None  # plan_launch plans split-KV only with scratch
-    return tensors.scratch.merge_counters
-
-
 def _cache_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> tuple:
     """The key and value caches as the kernel takes them: pointers, or (``tma_kv``) tensor
     descriptors whose box is one page of one KV head (V: one value part's columns)."""
@@ -205,7 +192,6 @@ def _attention_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> list:
         tensors.seq_lens,
         tensors.query_start_loc,
         *_segment_buffers(plan, tensors),
-        _merge_counters(plan, tensors),
         plan.qk_scale,
         plan.soft_cap,
         plan.sliding_window,
@@ -354,7 +340,6 @@ def _unified_attention_kernel(
     segm_output_ptr,
     segm_max_ptr,
     segm_expsum_ptr,
-    merge_counters_ptr,
     qk_scale,
     soft_cap,
     sliding_window,
@@ -382,11 +367,9 @@ def _unified_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     SCRATCH_SEGMENTS: tl.constexpr,
-    SEGMENTS_PADDED: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     USE_SLIDING_WINDOW: tl.constexpr,
     SPLIT_KV: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     VALUE_SPLITS: tl.constexpr,
@@ -554,34 +537,6 @@ def _unified_attention_kernel(
         if value_part == 0:
             tl.store(segm_max_ptr + segm_row, running_max, mask=row_valid)
             tl.store(segm_expsum_ptr + segm_row, running_sum, mask=row_valid)
-        if FUSED_MERGE:
-            # The last of the q-block's segment programs to arrive merges them all. The barrier
-            # orders every thread's stores before the counter's release (the one-thread atomic
-            # of a scalar); its acquire orders the other programs' stores before the loads.
-            tl.debug_barrier()
-            counter = merge_counters_ptr + (q_start + first_local).to(tl.int64) * NUM_HEADS_Q
-            counter += kv_head
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_segments * VALUE_SPLITS - 1:
-                tl.store(counter, 0)  # zero again for the next launch
-                first_row = segm_row - segment
-                for part in tl.static_range(VALUE_SPLITS):
-                    cols = part * (HEAD_SIZE_PADDED // VALUE_SPLITS) + tl.arange(
-                        0, HEAD_SIZE_PADDED // VALUE_SPLITS
-                    )
-                    col_mask = cols < HEAD_SIZE
-                    out = _merged_segments(
-                        segm_output_ptr, segm_max_ptr, segm_expsum_ptr, first_row, row_valid,
-                        cols, col_mask, num_segments, SCRATCH_ROW, SEGMENTS_PADDED,
-                    )  # fmt: skip
-                    tl.store(
-                        output_ptr
-                        + token[:, None] * stride_output_token
-                        + head[:, None] * stride_output_head
-                        + cols[None, :],
-                        out.to(output_ptr.dtype.element_ty),
-                        mask=row_valid[:, None] & col_mask[None, :],
-                    )
     else:
         out = acc / tl.where(running_sum > 0.0, running_sum, 1.0)[:, None]
         tl.store(
@@ -592,59 +547,6 @@ def _unified_attention_kernel(
             out.to(output_ptr.dtype.element_ty),
             mask=row_valid[:, None] & value_mask[None, :],
         )
-
-
-@triton.jit
-def _merged_segments(
-    segm_output_ptr,
-    segm_max_ptr,
-    segm_expsum_ptr,
-    first_row,
-    row_mask,
-    cols,
-    col_mask,
-    num_segments,
-    SCRATCH_ROW: tl.constexpr,
-    SEGMENTS_PADDED: tl.constexpr,
-):
-    """[rows, cols]: the log-sum-exp merge of the rows' segments (``first_row``: each row's
-    segment-0 scratch row). The partial outputs are summed one segment at a time: a [rows,
-    segments, cols] tile would hold SCRATCH_SEGMENTS x head_size floats per row in registers
-    (64 KiB at 32 segments and head 512), most of them masked off. The loads skip L1: in the
-    fused merge the partials were written by other programs of the same launch."""
-    segs = tl.arange(0, SEGMENTS_PADDED)
-    mask = row_mask[:, None] & (segs < num_segments)[None, :]
-    seg_max = tl.load(
-        segm_max_ptr + first_row[:, None] + segs[None, :],
-        mask=mask,
-        other=float("-inf"),
-        cache_modifier=".cg",
-    )
-    overall_max = tl.max(seg_max, axis=1)
-    overall_max = tl.where(overall_max == float("-inf"), 0.0, overall_max)  # masked rows
-    weight = tl.exp2(seg_max - overall_max[:, None])  # empty segments weigh 0
-    expsum = tl.load(
-        segm_expsum_ptr + first_row[:, None] + segs[None, :],
-        mask=mask,
-        other=0.0,
-        cache_modifier=".cg",
-    )
-    total = tl.sum(expsum * weight, axis=1)
-    out = tl.zeros([first_row.shape[0], cols.shape[0]], dtype=tl.float32)
-    for segment in range(num_segments):
-        row = first_row + segment
-        segment_weight = tl.exp2(
-            tl.load(segm_max_ptr + row, mask=row_mask, other=float("-inf"), cache_modifier=".cg")
-            - overall_max
-        )
-        partial = tl.load(
-            segm_output_ptr + row[:, None] * SCRATCH_ROW + cols[None, :],
-            mask=row_mask[:, None] & col_mask[None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )
-        out += partial * segment_weight[:, None]
-    return out / tl.where(row_mask, total, 1.0)[:, None]
 
 
 @triton.jit(do_not_specialize=["num_seqs", "num_segments"])
@@ -665,20 +567,43 @@ def _merge_segments_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PADDED: tl.constexpr,
 ):
-    """The split-KV merge as its own kernel (``LaunchConfig.fused_merge`` off): one token's
-    query heads, their segments merged into the output."""
+    """Log-sum-exp merge of the segments of one token's query heads into the output.
+
+    The segments' partial outputs are summed one segment at a time: a [heads, segments,
+    head_size] tile would hold SCRATCH_SEGMENTS x head_size floats per head in registers
+    (64 KiB at 32 segments and head 512), most of them masked off."""
     token = tl.program_id(0)
     if token >= tl.load(query_start_loc_ptr + num_seqs):
         return
     heads = tl.program_id(1) * HEADS_PER_PROGRAM + tl.arange(0, HEADS_PER_PROGRAM)
     head_mask = heads < NUM_HEADS_Q
+    segs = tl.arange(0, SEGMENTS_PADDED)
+    mask = head_mask[:, None] & (segs < num_segments)[None, :]
     dims = tl.arange(0, HEAD_SIZE_PADDED)
     dim_mask = dims < HEAD_SIZE
     first_row = (token.to(tl.int64) * NUM_HEADS_Q + heads) * SCRATCH_SEGMENTS  # segment 0's
-    out = _merged_segments(
-        segm_output_ptr, segm_max_ptr, segm_expsum_ptr, first_row, head_mask, dims, dim_mask,
-        num_segments, HEAD_SIZE_PADDED, SEGMENTS_PADDED,
-    )  # fmt: skip
+
+    seg_max = tl.load(
+        segm_max_ptr + first_row[:, None] + segs[None, :], mask=mask, other=float("-inf")
+    )
+    overall_max = tl.max(seg_max, axis=1)
+    overall_max = tl.where(overall_max == float("-inf"), 0.0, overall_max)  # masked heads
+    weight = tl.exp2(seg_max - overall_max[:, None])  # empty segments weigh 0
+    expsum = tl.load(segm_expsum_ptr + first_row[:, None] + segs[None, :], mask=mask, other=0.0)
+    total = tl.sum(expsum * weight, axis=1)
+    out = tl.zeros([HEADS_PER_PROGRAM, HEAD_SIZE_PADDED], dtype=tl.float32)
+    for segment in range(num_segments):
+        row = first_row + segment
+        segment_weight = tl.exp2(
+            tl.load(segm_max_ptr + row, mask=head_mask, other=float("-inf")) - overall_max
+        )
+        partial = tl.load(
+            segm_output_ptr + row[:, None] * HEAD_SIZE_PADDED + dims[None, :],
+            mask=head_mask[:, None] & dim_mask[None, :],
+            other=0.0,
+        )
+        out += partial * segment_weight[:, None]
+    out = out / tl.where(head_mask, total, 1.0)[:, None]
     tl.store(
         output_ptr
         + token.to(tl.int64) * stride_output_token

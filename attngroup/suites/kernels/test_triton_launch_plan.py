@@ -225,21 +225,13 @@ def test_plan_path_grid_and_tiles(planned) -> None:
 
 
 def test_split_kv_plans_merge_and_scratch_needs(planned) -> None:
-    """A split-KV plan merges in the attention kernel (no merge kernel) unless its config turns
-    the fused merge off, and then plans the merge kernel over every token's heads."""
     batch, _, plan, _ = planned
     if plan.path == "2d":
         assert plan.merge is None and plan.scratch_needs is None
-        assert plan.attention.constexprs["FUSED_MERGE"] is False
         return
-    assert plan.scratch_needs is not None
-    assert plan.attention.constexprs["FUSED_MERGE"] is plan.config.fused_merge
-    if plan.config.fused_merge:
-        assert plan.merge is None
-    else:
-        heads = plan.config.merge_heads_per_program
-        assert plan.merge is not None
-        assert plan.merge.grid == (batch.num_tokens, triton.cdiv(batch.num_heads_q, heads))
+    heads = plan.config.merge_heads_per_program
+    assert plan.merge is not None and plan.scratch_needs is not None
+    assert plan.merge.grid == (batch.num_tokens, triton.cdiv(batch.num_heads_q, heads))
     needs = plan.scratch_needs
     assert (needs.rows, needs.num_heads_q, needs.num_segments) == (
         batch.num_tokens,
@@ -335,18 +327,6 @@ def test_given_config_is_kept_and_skips_the_probe() -> None:
     assert plan.attention.grid == (4, 1, 5)
     assert dict(plan.attention.options) == {"num_warps": 8, "num_stages": 3}
     assert probe.plans == []
-
-
-def test_without_the_fused_merge_a_merge_kernel_follows() -> None:
-    """``fused_merge=False`` plans the merge kernel, one program per (token, 2 query heads),
-    with exactly its constexprs; the attention kernel then leaves the merge to it."""
-    batch = Batch(4, 1, 8, 1, 256, 8192)
-    config = LaunchConfig(16, 32, 4, 3, 5, merge_heads_per_program=2, fused_merge=False)
-    plan = _plan(batch, RecordingProbe(THREE_PER_SM), config=config)
-    assert plan is not None and plan.merge is not None
-    assert plan.attention.constexprs["FUSED_MERGE"] is False
-    assert plan.merge.grid == (4, 4)
-    assert ConstexprSignature.of(_merge_segments_kernel).mismatches(plan.merge.constexprs) == []
 
 
 def test_a_register_cap_becomes_tritons_maxnreg() -> None:
