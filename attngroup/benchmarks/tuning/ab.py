@@ -44,16 +44,20 @@ one variant in one process, about 0.3 % on the H200)."""
 
 @dataclass(frozen=True)
 class Variant:
-    """Fields replaced in the heuristic's config; ``tile_divisor`` divides its tile size."""
+    """Fields replaced in the heuristic's config (``tile_divisor`` divides its tile size), or
+    with ``on_current`` in the launcher's own choice."""
 
     name: str
     fields: Mapping[str, Any] = field(default_factory=dict)
     tile_divisor: int = 1
+    on_current: bool = False
 
-    def config(self, heuristic: LaunchConfig) -> LaunchConfig | None:
+    def config(self, heuristic: LaunchConfig, current: LaunchConfig) -> LaunchConfig | None:
         """The variant's config (None for ``current``: the launcher's own choice)."""
         if self.name == CURRENT:
             return None
+        if self.on_current:
+            return replace(current, **{"num_segments": None, **self.fields})
         tile_size = max(16, heuristic.tile_size // self.tile_divisor)
         return replace(heuristic, **{"num_segments": None, "tile_size": tile_size, **self.fields})
 
@@ -112,6 +116,9 @@ VARIANTS = (
         )
         for cap in (168, 128)
     ),
+    # The launcher's choice with both kernels launched programmatically: the merge kernel's
+    # launch overlaps the attention kernel's last programs (FlashInfer 0.7 does so on sm90).
+    Variant("programmatic-launch", {"programmatic_launch": True}, on_current=True),
 )
 WORST_CASES = (
     "verify.gemma4-e2b-sliding-d256.b16x32k",
@@ -171,6 +178,12 @@ class CaseBench:
 
         return heuristic_launch_config(self.case)
 
+    def variant_config(self, variant: Variant) -> LaunchConfig | None:
+        """``variant``'s config for this case."""
+        if variant.name == CURRENT:
+            return None
+        return variant.config(self.heuristic(), self.plan(None).config)
+
     def tensors(self):
         from attngroup.kernels.ops.triton_launch_plan import AttentionTensors
 
@@ -229,7 +242,7 @@ def compile_variant(case_name: str, variant_name: str) -> None:
     bench = CaseBench(find_case(case_name), torch.device("cuda"))
     variant = next(variant for variant in VARIANTS if variant.name == variant_name)
     try:
-        bench.launcher(variant.config(bench.heuristic()))()
+        bench.launcher(bench.variant_config(variant))()
         torch.cuda.synchronize()
     except Exception as error:  # refused configs are reported by the timing process
         print(f"compile {case_name} {variant_name}: {type(error).__name__}", file=sys.stderr)
@@ -256,12 +269,11 @@ def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flu
     from attngroup.kernels.ops.triton_unified_attention import kernel_resources
 
     bench = CaseBench(case, torch.device("cuda"))
-    heuristic = bench.heuristic()
     runnable = {}
     rows: dict[str, dict[str, object]] = {}  # variant name -> its JSON row
     for variant in variants:
-        config = variant.config(heuristic)
         try:
+            config = bench.variant_config(variant)
             run = bench.launcher(config)
             error = bench.error(run)
         except Exception as exc:  # a config the compiler or the smem budget refuses

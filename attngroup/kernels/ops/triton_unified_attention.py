@@ -370,6 +370,7 @@ def _unified_attention_kernel(
     USE_SOFTCAP: tl.constexpr,
     USE_SLIDING_WINDOW: tl.constexpr,
     SPLIT_KV: tl.constexpr,
+    PROGRAMMATIC_LAUNCH: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     VALUE_SPLITS: tl.constexpr,
@@ -377,6 +378,9 @@ def _unified_attention_kernel(
     TMA_KV: tl.constexpr,
 ):
     """One (q-block, KV head[, segment], value part) program; see the module docstring."""
+    if PROGRAMMATIC_LAUNCH:  # the kernel before wrote the query, cache and metadata
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()  # the merge kernel may launch
     q_block = tl.program_id(0) // VALUE_SPLITS
     value_part = tl.program_id(0) % VALUE_SPLITS
     kv_head = tl.program_id(1)
@@ -566,12 +570,15 @@ def _merge_segments_kernel(
     SEGMENTS_PADDED: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PADDED: tl.constexpr,
+    PROGRAMMATIC_LAUNCH: tl.constexpr,
 ):
     """Log-sum-exp merge of the segments of one token's query heads into the output.
 
     The segments' partial outputs are summed one segment at a time: a [heads, segments,
     head_size] tile would hold SCRATCH_SEGMENTS x head_size floats per head in registers
     (64 KiB at 32 segments and head 512), most of them masked off."""
+    if PROGRAMMATIC_LAUNCH:  # the attention kernel's partial results
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0)
     if token >= tl.load(query_start_loc_ptr + num_seqs):
         return
