@@ -61,7 +61,8 @@ class AttentionTensors:
 class KernelLaunch:
     """One kernel call: its grid, its ``tl.constexpr`` arguments by name (every one of the
     kernel's without a default; see ``ConstexprSignature``) and Triton's launch options
-    (``num_warps``, ``num_stages``)."""
+    (``num_warps``, ``num_stages``; ``maxnreg`` under a register cap, ``launch_pdl`` for a
+    programmatic launch)."""
 
     grid: tuple[int, ...]
     constexprs: Mapping[str, object]
