@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
 
 from attngroup.benchmarks.attention_cases import BLOCK_SIZE, KV_BYTES_PER_ELEMENT, Case, cases
 from attngroup.benchmarks.backend_names import MAX_RELATIVE_ERROR, PEERS
+from attngroup.benchmarks.case_launch import triton_path
 from attngroup.benchmarks.flashinfer_sweep import config_slug, configs_for, table_choice
 from attngroup.benchmarks.metrics import Metric, write_metrics
 from attngroup.benchmarks.run_record import RecordWriter
@@ -43,13 +44,7 @@ from attngroup.kernels.attention_oracle import paged_attention_reference
 from attngroup.kernels.backend import AttentionBackend, AttentionLayerParams
 from attngroup.kernels.backends.flashinfer_attn import WrapperChoice
 from attngroup.kernels.metadata import CommonAttentionMetadata, cdiv
-from attngroup.kernels.ops.triton_launch_config import (
-    INTERPRETED,
-    LaunchConfig,
-    LaunchKind,
-    choose_launch_config,
-    select_path,
-)
+from attngroup.kernels.ops.triton_launch_config import INTERPRETED
 from attngroup.kernels.registry import get_backend
 from attngroup.reference_engine.kv_cache_spec import FullAttentionSpec
 
@@ -156,32 +151,6 @@ def describe_path(backend_name: str, case: Case, metadata) -> str:
     if backend_name == "vllm-triton":
         return f"vllm-{split_kv_path(metadata, case.num_heads_q, case.shape.num_kv_heads)}"
     return triton_path(case, metadata.seq_threshold_3d)
-
-
-def triton_path(case: Case, seq_threshold_3d: int | None = None) -> LaunchKind:
-    """The path our Triton launcher takes for a case (with split-KV scratch allocated)."""
-    return select_path(
-        num_seqs=case.batch_size,
-        max_query_len=case.query_len,
-        num_heads_q=case.num_heads_q,
-        num_kv_heads=case.shape.num_kv_heads,
-        head_size=case.shape.head_size,
-        has_scratch=True,
-        seq_threshold_3d=seq_threshold_3d,
-    )
-
-
-def heuristic_launch_config(case: Case) -> LaunchConfig:
-    """The launch configuration our heuristic picks for a case on its Triton path."""
-    return choose_launch_config(
-        num_heads_q=case.num_heads_q,
-        num_kv_heads=case.shape.num_kv_heads,
-        head_size=case.shape.head_size,
-        num_seqs=case.batch_size,
-        max_query_len=case.query_len,
-        max_seq_len=case.context_len,
-        path=triton_path(case),
-    )
 
 
 def check_against_oracle(run: BackendRun, case: Case, common, cache: KVCache, query) -> float:

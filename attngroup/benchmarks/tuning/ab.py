@@ -174,7 +174,7 @@ class CaseBench:
         )
 
     def heuristic(self) -> LaunchConfig:
-        from attngroup.benchmarks.attention_runner import heuristic_launch_config
+        from attngroup.benchmarks.case_launch import heuristic_launch_config
 
         return heuristic_launch_config(self.case)
 
@@ -202,7 +202,7 @@ class CaseBench:
     def plan(self, config: LaunchConfig | None):
         from functools import partial
 
-        from attngroup.benchmarks.attention_runner import triton_path
+        from attngroup.benchmarks.case_launch import triton_path
         from attngroup.kernels.ops.triton_launch_plan import plan_launch
         from attngroup.kernels.ops.triton_unified_attention import wave_slots_of
 

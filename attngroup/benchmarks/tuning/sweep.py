@@ -43,12 +43,8 @@ class SweepSpace:
 def sweep(case: Case, device: torch.device, runs: int, space: SweepSpace) -> list[dict]:
     import torch
 
-    from attngroup.benchmarks.attention_runner import (
-        KVCache,
-        heuristic_launch_config,
-        step_metadata,
-        triton_path,
-    )
+    from attngroup.benchmarks.attention_runner import KVCache, step_metadata
+    from attngroup.benchmarks.case_launch import heuristic_launch_config, triton_path
     from attngroup.benchmarks.timing import l2_flush_buffer, time_cuda
     from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
     from attngroup.kernels.ops.triton_launch_config import (

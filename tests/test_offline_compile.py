@@ -1,0 +1,94 @@
+"""The offline sm_90 compile: Triton's compiler and ptxas, no GPU and no interpreter.
+
+It checks on the CPU what the interpreter never runs: the kernels' GPU-only branches compile
+for Hopper, a programmatic launch carries its ``griddepcontrol`` instructions, and the tuned
+entries still buy the occupancy they were adopted for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+E4B_DECODE_512 = "decode.gemma4-e4b-full-d512.b64x8k"
+E4B_DRAFT_256 = "draft.gemma4-e4b-sliding-d256.b64x8k"
+COMPILED_ENV = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {
+    "CUDA_VISIBLE_DEVICES": ""
+}
+
+
+def _offline_compile(*args: str, env: dict[str, str] = COMPILED_ENV) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "attngroup.benchmarks.tuning.offline_compile", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict]:
+    report = tmp_path_factory.mktemp("offline") / "compile.json"
+    cases = f"{E4B_DECODE_512},{E4B_DRAFT_256}"
+    done = _offline_compile(
+        "--cases", cases, "--variants", "current,programmatic-launch", "--json", str(report)
+    )
+    assert done.returncode == 0, done.stderr
+    return {(row["case"], row["variant"]): row for row in json.loads(report.read_text())}
+
+
+@pytest.mark.parametrize("case", [E4B_DECODE_512, E4B_DRAFT_256])
+def test_programmatic_launch_compiles_its_waits_into_both_kernels(rows, case: str) -> None:
+    """The attention kernel waits on the kernel before and lets the merge kernel launch
+    (two ``griddepcontrol`` instructions); the merge kernel waits (one); a plain launch has none."""
+    plain, programmatic = rows[(case, "current")], rows[(case, "programmatic-launch")]
+    assert (plain["attention"]["griddepcontrol"], plain["merge"]["griddepcontrol"]) == (0, 0)
+    assert (
+        programmatic["attention"]["griddepcontrol"],
+        programmatic["merge"]["griddepcontrol"],
+    ) == (2, 1)
+    assert programmatic["attention"]["registers"] == plain["attention"]["registers"]
+
+
+def test_the_register_cap_buys_a_third_program_per_sm(rows) -> None:
+    """The e4b head-256 draft's entry caps registers at 168 for 3 programs per SM, and the
+    launcher fits one wave of 3 segments per (request, KV head) to them."""
+    draft = rows[(E4B_DRAFT_256, "current")]
+    assert draft["config"]["max_registers"] == 168
+    assert draft["attention"]["registers"] <= 168
+    assert draft["attention"]["programs_per_sm"] == 3
+    assert draft["grid"] == [64, 2, 3]
+
+
+def test_head_512_runs_one_wave_of_two_programs_per_sm(rows) -> None:
+    """The head-512 tensor-descriptor entry: 2 programs per SM, so the e4b at 64 x 8k takes
+    one wave of 2 segments (Nsight Compute on the H200: 255 registers, one wave of 256)."""
+    decode = rows[(E4B_DECODE_512, "current")]
+    assert decode["attention"]["programs_per_sm"] == 2
+    assert decode["grid"] == [64, 2, 2]
+
+
+def test_under_the_interpreter_it_refuses_and_writes_nothing(tmp_path: Path) -> None:
+    report = tmp_path / "compile.json"
+    done = _offline_compile(
+        "--cases",
+        E4B_DRAFT_256,
+        "--json",
+        str(report),
+        env=COMPILED_ENV | {"TRITON_INTERPRET": "1"},
+    )
+    assert done.returncode == 2
+    assert "TRITON_INTERPRET is set" in done.stderr
+    assert not report.exists()
+
+
+def test_an_unknown_variant_is_named(tmp_path: Path) -> None:
+    done = _offline_compile("--cases", E4B_DRAFT_256, "--variants", "current,no-such-variant")
+    assert done.returncode == 2
+    assert "no-such-variant" in done.stderr
