@@ -41,6 +41,7 @@ COMMANDS = [
     ("attngroup.benchmarks.bench_spec_decode",),
     ("attngroup.benchmarks.tuning.sweep",),
     ("attngroup.benchmarks.tuning.ab",),
+    ("attngroup.benchmarks.tuning.offline_compile",),
     ("attngroup.benchmarks.table",),
     ("attngroup.benchmarks.run_record",),
     ("attngroup.suites.engines.vllm_releases",),
