@@ -211,22 +211,13 @@ def attention_kernel(plan: LaunchPlan, tensors: AttentionTensors) -> CompiledKer
 
 def merge_kernel(plan: LaunchPlan, tensors: AttentionTensors) -> CompiledKernel | None:
     from attngroup.kernels.ops.triton_unified_attention import (
+        _merge_arguments,
         _merge_segments_kernel,
-        _segment_buffers,
     )
 
     if plan.merge is None:
         return None
-    output = tensors.output
-    arguments = (
-        output,
-        *_segment_buffers(plan, tensors),
-        tensors.query_start_loc,
-        plan.num_seqs,
-        plan.num_segments,
-        output.stride(0),
-        output.stride(1),
-    )
+    arguments = _merge_arguments(plan, tensors)
     return compile_kernel(
         _merge_segments_kernel, arguments, plan.merge.constexprs, plan.merge.options
     )

@@ -112,17 +112,8 @@ def launch(plan: LaunchPlan, tensors: AttentionTensors) -> None:
         *_attention_arguments(plan, tensors), **attention.constexprs, **attention.options
     )
     if plan.merge is not None:
-        output = tensors.output
         _merge_segments_kernel[plan.merge.grid](
-            output,
-            *_segment_buffers(plan, tensors),
-            tensors.query_start_loc,
-            plan.num_seqs,
-            plan.num_segments,
-            output.stride(0),
-            output.stride(1),
-            **plan.merge.constexprs,
-            **plan.merge.options,
+            *_merge_arguments(plan, tensors), **plan.merge.constexprs, **plan.merge.options
         )
 
 
@@ -179,6 +170,20 @@ def _cache_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> tuple:
             (tensors.value_cache, width // plan.config.value_splits),
         )
     )
+
+
+def _merge_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> list:
+    """The merge kernel's runtime arguments, in its signature's order."""
+    output = tensors.output
+    return [
+        output,
+        *_segment_buffers(plan, tensors),
+        tensors.query_start_loc,
+        plan.num_seqs,
+        plan.num_segments,
+        output.stride(0),
+        output.stride(1),
+    ]
 
 
 def _attention_arguments(plan: LaunchPlan, tensors: AttentionTensors) -> list:
