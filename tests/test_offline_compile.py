@@ -92,3 +92,24 @@ def test_an_unknown_variant_is_named(tmp_path: Path) -> None:
     done = _offline_compile("--cases", E4B_DRAFT_256, "--variants", "current,no-such-variant")
     assert done.returncode == 2
     assert "no-such-variant" in done.stderr
+
+
+def test_a_triton_without_the_launchers_binder_is_named(tmp_path: Path) -> None:
+    """Our tool's failure, not a kernel's: a Triton whose internals moved gets a clear error,
+    exit 2 and no file."""
+    report = tmp_path / "compile.json"
+    script = (
+        "import sys, triton.runtime.jit as jit; del jit.create_function_from_signature; "
+        "from attngroup.benchmarks.tuning.offline_compile import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, "--cases", E4B_DRAFT_256, "--json", str(report)],
+        capture_output=True,
+        text=True,
+        env=COMPILED_ENV,
+        timeout=600,
+    )
+    assert done.returncode == 2
+    assert "create_function_from_signature" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not report.exists()

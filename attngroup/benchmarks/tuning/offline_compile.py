@@ -80,8 +80,15 @@ def compile_kernel(
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile, make_backend
-    from triton.runtime.jit import create_function_from_signature
 
+    try:  # the launcher's own binder: internal to Triton, present from 3.6 to 3.9
+        from triton.runtime.jit import create_function_from_signature
+    except ImportError as error:
+        raise OfflineCompileError(
+            f"Triton {triton.__version__} has no triton.runtime.jit."
+            f"create_function_from_signature, the launcher's binder this compile specializes "
+            f"arguments with ({error})"
+        ) from error
     if not isinstance(kernel, triton.JITFunction):
         raise OfflineCompileError(
             "Triton's interpreter is on (TRITON_INTERPRET=1): it compiles nothing; run the "
@@ -92,7 +99,13 @@ def compile_kernel(
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     launch_options = {**constexprs, **options, "debug": False}
     bound, specialization, parsed = binder(*arguments, **launch_options)
-    parsed, signature, constants, attrs = kernel._pack_args(
+    pack_args = getattr(kernel, "_pack_args", None)
+    if pack_args is None:
+        raise OfflineCompileError(
+            f"Triton {triton.__version__}'s JITFunction has no _pack_args, the step that turns "
+            "a launch's specialization into the compiler's signature"
+        )
+    parsed, signature, constants, attrs = pack_args(
         backend, launch_options, bound, specialization, parsed
     )
     compiled = compile(
@@ -281,7 +294,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in cases:
         print(case.name)
         for name in args.variants.split(","):
-            row = compile_variant(case, by_name[name])
+            try:
+                row = compile_variant(case, by_name[name])
+            except OfflineCompileError as error:
+                print(f"offline compile: {error}", file=sys.stderr)
+                return 2
             rows.append(row)
             print(_line(row))
     if args.json is not None:
