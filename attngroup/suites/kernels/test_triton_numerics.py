@@ -22,6 +22,7 @@ from itertools import product
 import pytest
 import torch
 
+from attngroup.benchmarks.timing import cuda_graph_replay
 from attngroup.kernels.ops.split_kv_scratch import SplitKVScratch
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
@@ -430,16 +431,9 @@ def test_programmatic_launches_replay_from_a_cuda_graph(device: torch.device) ->
             config=config,
         )
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # compiles outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    replay = cuda_graph_replay(step)
     output.fill_(float("nan"))
-    graph.replay()
+    replay()
     torch.cuda.synchronize()
     unwritten = int(output.isnan().sum())
     assert unwritten == 0, f"{unwritten} output elements are NaN after the replay"
