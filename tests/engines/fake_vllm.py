@@ -27,10 +27,12 @@ class ReleaseShape:
     has_v1: bool  # the V1 GPUModelRunner exists (gone in 0.34)
     draft_keyword: bool  # init_attn_backend takes draft_layer_names (0.33+)
     returns_backends_first: bool  # init_attn_backend returns 4 items, backends first (0.22)
-    runner_rule: str  # "architecture" (0.22: V2 for Qwen3 only), "default-v2", "none"
+    runner_rule: str  # "env" (0.21: the VLLM_USE_V2_MODEL_RUNNER switch, off by default),
+    # "architecture" (0.22: V2 for Qwen3 only), "default-v2", "none"
 
 
 RELEASE_SHAPES = (
+    ReleaseShape("0.21", False, False, True, False, True, "env"),
     ReleaseShape("0.22", False, False, True, False, True, "architecture"),
     ReleaseShape("0.29", True, False, True, False, False, "default-v2"),
     ReleaseShape("0.33", True, True, True, True, False, "default-v2"),
@@ -88,7 +90,7 @@ _FILES = {
         class VllmConfig:
             watermark_config: object = None  # read from the field default by the view
 
-            if SHAPE["runner_rule"] != "none":
+            if SHAPE["runner_rule"] not in ("none", "env"):
 
                 @property
                 def use_v2_model_runner(self):
@@ -98,6 +100,16 @@ _FILES = {
                         return "Qwen3ForCausalLM" in self.model_config.architectures
                     spec = self.speculative_config
                     return spec is None or not spec.parallel_drafting
+    """,
+    "envs.py": """
+        import os
+        from vllm import SHAPE
+
+        environment_variables = {}
+        if SHAPE["runner_rule"] == "env":
+            environment_variables["VLLM_USE_V2_MODEL_RUNNER"] = lambda: bool(
+                int(os.getenv("VLLM_USE_V2_MODEL_RUNNER", "0"))
+            )
     """,
     "config/compilation.py": """
         import enum

@@ -1,6 +1,7 @@
 """The vLLM adapter against stand-in releases (``fake_vllm``), without vLLM installed.
 
-One regression test per adapter defect once found on a real release: grouping before the
+One regression test per adapter defect once found on a real release: no runner rule read
+where the release keeps it in an environment switch (0.21), grouping before the
 engine core resolved the KV-cache layout (0.29), judging V1 where vLLM's rule picks V2
 (0.26-0.33), passing ``draft_layer_names`` where ``init_attn_backend`` does not take it
 (before 0.33), stand-in layers that are not the concrete ``Attention`` a release looks
@@ -72,6 +73,7 @@ def test_a_core_without_layout_resolution_groups_directly(release):
 @pytest.mark.parametrize(
     ("release", "pair_name", "runner"),
     [
+        ("0.21", GEMMA, "v1"),  # 0.21's rule: V2 only with VLLM_USE_V2_MODEL_RUNNER=1
         ("0.22", GEMMA, "v1"),  # 0.22's rule: V2 only for Qwen3 architectures
         ("0.22", QWEN_DRAFT, "v2"),
         ("0.29", GEMMA, "v2"),  # V2 by default
@@ -84,7 +86,15 @@ def test_auto_judges_the_runner_vllms_rule_picks(release, pair_name, runner):
     assert _setup(pair_name).runner == runner
 
 
-@pytest.mark.parametrize("release", ["0.22", "0.29", "0.33"], indirect=True)
+@pytest.mark.parametrize("release", ["0.21"], indirect=True)
+def test_auto_follows_the_v2_switch_where_the_release_reads_one(release, monkeypatch):
+    """0.21's worker picks its runner by the ``VLLM_USE_V2_MODEL_RUNNER`` switch (no
+    ``VllmConfig.use_v2_model_runner`` yet): auto judges the runner it names."""
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    assert _setup(GEMMA).runner == "v2"
+
+
+@pytest.mark.parametrize("release", ["0.21", "0.22", "0.29", "0.33"], indirect=True)
 @pytest.mark.parametrize("runner", ["v1", "v2"])
 def test_either_runner_can_be_forced_and_finds_the_shared_layers(release, runner):
     _, calls = release

@@ -160,7 +160,10 @@ class StartUp:
     kv_cache_config_class: type
     v1_runner: V1GroupingMethods | None
     v2_init_attn_backend: Callable[..., tuple[Any, ...]] | None
-    runner_rule: property | None
+    runner_rule: Callable[[Any], bool] | None
+    """Whether the release runs a config on the V2 runner, by its own rule: the
+    ``VllmConfig.use_v2_model_runner`` property (0.22+), else the ``VLLM_USE_V2_MODEL_RUNNER``
+    switch its GPU worker reads (0.21); None where it has neither."""
 
     @classmethod
     def discover(cls) -> StartUp:
@@ -175,7 +178,6 @@ class StartUp:
         init_attn_backend = _optional_attribute(
             "vllm.v1.worker.gpu.attn_utils", "init_attn_backend"
         )
-        rule = inspect.getattr_static(VllmConfig, "use_v2_model_runner", None)
         return cls(
             resolve_layout=getattr(core, "resolve_kv_cache_layout", None),
             worker_layouts=getattr(WorkerBase, "get_supported_kv_cache_layouts", None),
@@ -185,7 +187,7 @@ class StartUp:
             kv_cache_config_class=KVCacheConfig,
             v1_runner=v1_runner,
             v2_init_attn_backend=init_attn_backend,
-            runner_rule=rule if isinstance(rule, property) else None,
+            runner_rule=_runner_rule(VllmConfig),
         )
 
     @property
@@ -209,9 +211,12 @@ class StartUp:
         if len(self.runners) == 1:
             return self.runners[0]
         if self.runner_rule is None:
-            raise AdapterError("this vLLM has both runners but no VllmConfig.use_v2_model_runner")
+            raise AdapterError(
+                "this vLLM has both runners but neither VllmConfig.use_v2_model_runner nor a "
+                "VLLM_USE_V2_MODEL_RUNNER switch"
+            )
         try:
-            return V2 if vllm_config.use_v2_model_runner else V1
+            return V2 if self.runner_rule(vllm_config) else V1
         except Exception as error:
             raise AdapterError.wrapping(error, "asking vLLM's runner rule") from error
 
@@ -320,6 +325,18 @@ class StartUp:
             ) from None
         builders = {id(group): _builder_heads(group) for per_kv in attn_groups for group in per_kv}
         return attn_groups, builders
+
+
+def _runner_rule(vllm_config_class: type) -> Callable[[Any], bool] | None:
+    """The release's rule for the V2 runner (see ``StartUp.runner_rule``)."""
+    rule = inspect.getattr_static(vllm_config_class, "use_v2_model_runner", None)
+    if isinstance(rule, property) and rule.fget is not None:
+        return rule.fget
+    switches = _optional_attribute("vllm.envs", "environment_variables") or {}
+    if "VLLM_USE_V2_MODEL_RUNNER" in switches:
+        switch = switches["VLLM_USE_V2_MODEL_RUNNER"]
+        return lambda _config: bool(switch())
+    return None
 
 
 def _optional_attribute(module_name: str, name: str) -> Any:
