@@ -8,28 +8,20 @@ entries still buy the occupancy they were adopted for.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.sm90_compile import COMPILED_ENV, run_tool
+
 E4B_DECODE_512 = "decode.gemma4-e4b-full-d512.b64x8k"
 E4B_DRAFT_256 = "draft.gemma4-e4b-sliding-d256.b64x8k"
-COMPILED_ENV = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"} | {
-    "CUDA_VISIBLE_DEVICES": ""
-}
 
 
 def _offline_compile(*args: str, env: dict[str, str] = COMPILED_ENV) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "attngroup.benchmarks.tuning.offline_compile", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    return run_tool("offline_compile", *args, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +105,20 @@ def test_a_triton_without_the_launchers_binder_is_named(tmp_path: Path) -> None:
     assert "create_function_from_signature" in done.stderr
     assert "Traceback" not in done.stderr
     assert not report.exists()
+
+
+def test_a_program_over_the_shared_memory_an_sm_grants_fits_none() -> None:
+    """A kernel asking more shared memory than an H200 program may have cannot launch: 0 per
+    SM, not the one a too-large kernel would be rounded up to."""
+    from attngroup.benchmarks.tuning.offline_compile import (
+        H200_SHARED_BYTES_PER_PROGRAM,
+        CompiledKernel,
+    )
+
+    def kernel(shared_bytes: int) -> CompiledKernel:
+        return CompiledKernel(
+            registers=168, stack_bytes=0, shared_bytes=shared_bytes, num_warps=12, griddepcontrol=0
+        )
+
+    assert kernel(H200_SHARED_BYTES_PER_PROGRAM).programs_per_sm == 1
+    assert kernel(H200_SHARED_BYTES_PER_PROGRAM + 1).programs_per_sm == 0

@@ -37,8 +37,10 @@ SM90 = ("cuda", 90, 32)
 """Triton's target: backend, compute capability, warp size (Hopper: the H100 and H200)."""
 H200_SHARED_BYTES_PER_SM = 233472
 H200_THREADS_PER_SM = 2048
-"""The H200's per-SM limits as torch reports them (``shared_memory_per_multiprocessor``,
-``max_threads_per_multi_processor``); its SM count is ``triton_occupancy.H200_SMS``."""
+H200_SHARED_BYTES_PER_PROGRAM = 232448
+"""The H200's limits as torch reports them (``shared_memory_per_multiprocessor``,
+``max_threads_per_multi_processor``, ``shared_memory_per_block_optin``); its SM count is
+``triton_occupancy.H200_SMS``."""
 
 
 class OfflineCompileError(RuntimeError):
@@ -58,8 +60,11 @@ class CompiledKernel:
 
     @property
     def programs_per_sm(self) -> int:
+        """0 where one program needs more shared memory than an SM grants it: no launch."""
         from attngroup.kernels.ops.triton_occupancy import resident_programs_per_sm
 
+        if self.shared_bytes > H200_SHARED_BYTES_PER_PROGRAM:
+            return 0
         return resident_programs_per_sm(
             registers_per_thread=self.registers,
             shared_bytes=self.shared_bytes,
@@ -67,6 +72,10 @@ class CompiledKernel:
             max_threads_per_sm=H200_THREADS_PER_SM,
             shared_bytes_per_sm=H200_SHARED_BYTES_PER_SM,
         )
+
+    def as_json(self) -> dict[str, int]:
+        """The fields and ``programs_per_sm``, for a JSON report."""
+        return asdict(self) | {"programs_per_sm": self.programs_per_sm}
 
 
 def compile_kernel(
@@ -111,7 +120,7 @@ def compile_kernel(
     compiled = compile(
         ASTSource(kernel, signature, constants, attrs), target=target, options=parsed.__dict__
     )
-    registers, stack = _resource_usage(compiled.asm["cubin"])
+    registers, stack = cubin_resource_usage(compiled.asm["cubin"])
     return CompiledKernel(
         registers=registers,
         stack_bytes=stack,
@@ -121,7 +130,7 @@ def compile_kernel(
     )
 
 
-def _resource_usage(cubin: bytes) -> tuple[int, int]:
+def cubin_resource_usage(cubin: bytes) -> tuple[int, int]:
     """Registers per thread and stack bytes of the cubin's kernel, by Triton's ``cuobjdump``."""
     import triton
 
@@ -194,7 +203,9 @@ def plan_offline(case: Case, tensors: AttentionTensors, config: LaunchConfig | N
     from attngroup.kernels.ops.triton_occupancy import H200_SMS
 
     def wave_slots(plan: LaunchPlan) -> int:
-        return H200_SMS * attention_kernel(plan, tensors).programs_per_sm
+        # A kernel no SM can hold is still planned (as one program per SM), so that its row
+        # reports 0 programs per SM instead of the segment fit dividing by zero.
+        return H200_SMS * max(attention_kernel(plan, tensors).programs_per_sm, 1)
 
     plan = plan_launch(
         tensors,
@@ -251,8 +262,8 @@ def compile_variant(case: Case, variant: Variant) -> dict[str, object]:
         "variant": variant.name,
         "config": asdict(plan.config),
         "grid": list(plan.attention.grid),
-        "attention": asdict(attention) | {"programs_per_sm": attention.programs_per_sm},
-        "merge": None if merge is None else asdict(merge),
+        "attention": attention.as_json(),
+        "merge": None if merge is None else merge.as_json(),
     }
 
 
