@@ -48,8 +48,9 @@ from attngroup.reports.record import (
 
 RECORDER_NAME = "attention_grouping_recorder"
 METRIC_PROPERTY = "attention_grouping.metric"
-# Set on a failing report whose exception says it is a harness error (``harness_error``):
-# the engine adapter failed, so the test is an adapter error, not a verdict on the engine.
+# Set on a failing report that is the harness's fault (``harness_error_reason``), so the test
+# is an adapter error, not a verdict on the engine; its value, where not empty, is put before
+# the failure's message.
 ADAPTER_ERROR_PROPERTY = "attention_grouping.adapter_error"
 WORKER_OUTPUT_KEY = "attention_grouping_records"
 DETAILS_LIMIT = 20_000  # characters of traceback kept per failure
@@ -124,9 +125,48 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     ship ``user_properties`` to the controller)."""
     report = yield
     error = call.excinfo.value if call.excinfo is not None else None
-    if report.failed and getattr(error, "harness_error", False) is True:
-        report.user_properties.append((ADAPTER_ERROR_PROPERTY, type(error).__name__))
+    # An xdist worker's config says how many workers share the run (an environment variable
+    # would also reach a pytest this test starts in a subprocess).
+    workers = getattr(item.config, "workerinput", {}).get("workercount", 1)
+    reason = harness_error_reason(error, workers) if report.failed else None
+    if reason is not None:
+        report.user_properties.append((ADAPTER_ERROR_PROPERTY, reason))
     return report
+
+
+def harness_error_reason(error: BaseException | None, workers: int) -> str | None:
+    """Why a failure is the harness's, not the engine's, or None where it is the engine's.
+
+    An exception that says so (``harness_error``, as the engine adapters' ``AdapterError``
+    does; its message explains itself: ""), or the GPU's memory exhausted while several
+    pytest-xdist ``workers`` share it (each worker runs on the default device): the run's own
+    parallelism ran out of memory, where one worker would have had the device to itself."""
+    if error is None:
+        return None
+    if getattr(error, "harness_error", False) is True:
+        return ""
+    if workers <= 1 or not _is_gpu_out_of_memory(error):
+        return None
+    return (
+        f"harness error: GPU out of memory with {workers} pytest-xdist workers sharing the "
+        "GPU; rerun with fewer workers (-n)"
+    )
+
+
+CUDA_OUT_OF_MEMORY = re.compile(r"CUDA(?: error|\]): out of memory")
+"""A CUDA allocation failure as torch (``AcceleratorError``: "CUDA error: out of memory") and
+Triton's launcher ("Triton Error [CUDA]: out of memory") raise it."""
+
+
+def _is_gpu_out_of_memory(error: BaseException) -> bool:
+    """torch's ``OutOfMemoryError`` (its caching allocator), or a CUDA allocation failure
+    raised as a ``RuntimeError`` by torch or Triton."""
+    if any(
+        cls.__name__ == "OutOfMemoryError" and cls.__module__.startswith("torch")
+        for cls in type(error).__mro__
+    ):
+        return True
+    return isinstance(error, RuntimeError) and CUDA_OUT_OF_MEMORY.search(str(error)) is not None
 
 
 def record_path(config: pytest.Config) -> Path | None:
@@ -324,7 +364,8 @@ class _TestProgress:
     xfail_reason: str | None = None
     attempts: list[str] = field(default_factory=list)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    adapter_error: bool = False  # a phase failed in the engine adapter
+    adapter_error: bool = False  # a phase failed by the harness's fault
+    harness_reason: str | None = None  # what the harness says of it, before the message
     markers: set[str] = field(default_factory=set)  # from report keywords, if workers send nothing
 
     def add(self, report: pytest.TestReport | pytest.CollectReport) -> None:
@@ -335,6 +376,7 @@ class _TestProgress:
                 self.metrics[metric["name"]] = metric
             elif key == ADAPTER_ERROR_PROPERTY:
                 self.adapter_error = True
+                self.harness_reason = text or None
         if report.outcome == "rerun":  # pytest-rerunfailures: this attempt failed, another follows
             self.attempts.append(self._outcome_of({report.when: "failed"}))
             self.phases.clear()
@@ -344,6 +386,8 @@ class _TestProgress:
             self.xfail_reason = report.wasxfail
         if report.failed and self.message is None:
             self.message = _failure_message(report)
+            if self.harness_reason is not None:
+                self.message = f"{self.harness_reason}: {self.message}"
             self.details = report.longreprtext[-DETAILS_LIMIT:] or None
         elif report.skipped and not hasattr(report, "wasxfail"):
             self.message = _skip_reason(report)

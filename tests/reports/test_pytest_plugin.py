@@ -541,3 +541,68 @@ def test_a_planted_adapter_error_is_recorded_as_adapter_error(tmp_path, workers)
     outcomes = {test.nodeid.split("::")[1]: test.outcome for test in record.tests}
     assert outcomes == {"test_adapter_broke": "adapter_error", "test_engine_failed": "failed"}
     assert_file_matches_schema(tmp_path / "run.json", "run-record")
+
+
+PLANTED_OUT_OF_MEMORY = """
+import pytest
+import torch
+
+# As the H100 raised them when 14 xdist workers shared its 80 GB.
+OUT_OF_MEMORY = {
+    "torch-allocator": torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacity of 79.18 GiB"
+    ),
+    "torch-cuda-runtime": torch.AcceleratorError("CUDA error: out of memory"),
+    "triton-launch": RuntimeError("Triton Error [CUDA]: out of memory"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OUT_OF_MEMORY))
+def test_out_of_memory(kind):
+    raise OUT_OF_MEMORY[kind]
+
+
+@pytest.fixture
+def caches():
+    raise OUT_OF_MEMORY["torch-allocator"]
+
+
+def test_out_of_memory_in_setup(caches):
+    pass
+
+
+def test_wrong_result():
+    raise RuntimeError("out of tolerance: relative error 0.3 against the oracle")
+"""
+
+
+@pytest.mark.parametrize(
+    ("workers", "harness"), [([], False), (["-p", "xdist.plugin", "-n", "2"], True)],
+    ids=["one-process", "xdist"],
+)  # fmt: skip
+def test_gpu_out_of_memory_under_shared_workers_is_a_harness_error(tmp_path, workers, harness):
+    """Workers sharing one GPU that run it out of memory are the run's fault: an adapter
+    error saying so, never the engine's failure; alone on the device, a test that runs out of
+    memory has failed."""
+    (tmp_path / "test_planted.py").write_text(PLANTED_OUT_OF_MEMORY)
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", *PLUGIN, *workers, "-p", "no:cacheprovider",
+         "--run-record", "run.json"],
+        cwd=tmp_path, env=clean_environment(dict(os.environ)), capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    tests = {test.nodeid.split("::")[1]: test for test in load_record(tmp_path / "run.json").tests}
+    assert tests.pop("test_wrong_result").outcome == "failed"
+    assert len(tests) == 4
+    for name, test in tests.items():
+        if harness:
+            assert test.outcome == "adapter_error", name
+            assert test.message is not None
+            assert test.message.startswith(
+                "harness error: GPU out of memory with 2 pytest-xdist workers sharing the GPU"
+            ), test.message
+            assert "out of memory" in test.message.split("(-n): ", 1)[1]
+        else:
+            assert test.outcome in ("failed", "error"), name
+    assert_file_matches_schema(tmp_path / "run.json", "run-record")

@@ -44,7 +44,7 @@ OUTCOME_ORDER = (
     "not selected",
 )
 SHORT_OUTCOMES = {  # how a count reads inside a cell: "3 pass", "48 skip"
-    "adapter_error": "adapter error",
+    "adapter_error": "harness error",
     "failed": "fail",
     "error": "error",
     "flaky": "flaky",
