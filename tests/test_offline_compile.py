@@ -29,7 +29,12 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict
     report = tmp_path_factory.mktemp("offline") / "compile.json"
     cases = f"{E4B_DECODE_512},{E4B_DRAFT_256}"
     done = _offline_compile(
-        "--cases", cases, "--variants", "current,programmatic-launch", "--json", str(report)
+        "--cases",
+        cases,
+        "--variants",
+        "current,programmatic-launch,reload-query",
+        "--json",
+        str(report),
     )
     assert done.returncode == 0, done.stderr
     return {(row["case"], row["variant"]): row for row in json.loads(report.read_text())}
@@ -46,6 +51,15 @@ def test_programmatic_launch_compiles_its_waits_into_both_kernels(rows, case: st
         programmatic["merge"]["griddepcontrol"],
     ) == (2, 1)
     assert programmatic["attention"]["registers"] == plain["attention"]["registers"]
+
+
+def test_reloading_the_query_removes_the_head_512_spill(rows) -> None:
+    """Held across the KV loop, the query rows are what the head-512 kernel spills; loaded
+    again in each iteration, the kernel keeps no stack, at the same occupancy."""
+    held, reloaded = rows[(E4B_DECODE_512, "current")], rows[(E4B_DECODE_512, "reload-query")]
+    assert held["attention"]["stack_bytes"] > 0
+    assert reloaded["attention"]["stack_bytes"] == 0
+    assert reloaded["attention"]["programs_per_sm"] == held["attention"]["programs_per_sm"]
 
 
 def test_the_register_cap_buys_a_third_program_per_sm(rows) -> None:

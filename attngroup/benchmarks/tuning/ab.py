@@ -119,6 +119,10 @@ VARIANTS = (
     # The launcher's choice with both kernels launched programmatically: the merge kernel's
     # launch overlaps the attention kernel's last programs (FlashInfer 0.7 does so on sm90).
     Variant("programmatic-launch", {"programmatic_launch": True}, on_current=True),
+    # The launcher's choice with the query rows loaded in every KV iteration instead of held
+    # in registers: at head 512 the held query spills (offline sm_90 compile, Triton 3.6: the
+    # e4b decode 216 bytes of stack, none reloaded; the e2b verify 616 against 200).
+    Variant("reload-query", {"reload_query": True}, on_current=True),
 )
 WORST_CASES = (
     "verify.gemma4-e2b-sliding-d256.b16x32k",

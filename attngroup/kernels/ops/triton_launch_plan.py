@@ -336,6 +336,7 @@ def _attention_constexprs(
             "VALUE_SPLITS": config.value_splits,
             "PREFETCH_BLOCK_TABLE": config.prefetch_block_table,
             "TMA_KV": config.tma_kv,
+            "RELOAD_QUERY": config.reload_query,
         }
     )
 

@@ -230,6 +230,32 @@ def _find_request(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr)
 
 
 @triton.jit
+def _load_query(
+    query_ptr,
+    token,
+    head,
+    dims,
+    row_valid,
+    dim_mask,
+    stride_query_token,
+    stride_query_head,
+    DOT_IN_FP32: tl.constexpr,
+):
+    """[rows, HEAD_SIZE_PADDED]: the q-block's query rows (zeros past the head size)."""
+    q = tl.load(
+        query_ptr
+        + token[:, None] * stride_query_token
+        + head[:, None] * stride_query_head
+        + dims[None, :],
+        mask=row_valid[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
 def _physical_blocks(block_table_row, key_pos, kv_start, kv_end, BLOCK_SIZE: tl.constexpr):
     """[keys]: the cache block of each key position; 0 (never read) outside [kv_start, kv_end)."""
     valid = (key_pos >= kv_start) & (key_pos < kv_end)
@@ -381,6 +407,7 @@ def _unified_attention_kernel(
     VALUE_SPLITS: tl.constexpr,
     PREFETCH_BLOCK_TABLE: tl.constexpr,
     TMA_KV: tl.constexpr,
+    RELOAD_QUERY: tl.constexpr,
 ):
     """One (q-block, KV head[, segment], value part) program; see the module docstring."""
     if PROGRAMMATIC_LAUNCH:  # the kernel before wrote the query, cache and metadata
@@ -418,16 +445,10 @@ def _unified_attention_kernel(
     )
     value_mask = value_dims < HEAD_SIZE
 
-    q = tl.load(
-        query_ptr
-        + token[:, None] * stride_query_token
-        + head[:, None] * stride_query_head
-        + dims[None, :],
-        mask=row_valid[:, None] & dim_mask[None, :],
-        other=0.0,
-    )
-    if DOT_IN_FP32:
-        q = q.to(tl.float32)
+    q = _load_query(
+        query_ptr, token, head, dims, row_valid, dim_mask, stride_query_token, stride_query_head,
+        DOT_IN_FP32,
+    )  # fmt: skip
 
     # Keys some row of this q-block sees: [kv_start, kv_end).
     kv_end = context_len + tl.minimum(first_local + BLOCK_Q, q_len)
@@ -460,7 +481,14 @@ def _unified_attention_kernel(
         # pipeliner give the descriptor loads num_stages - 1 buffers (one without it).
         if PREFETCH_BLOCK_TABLE:
             next_page = tl.load(block_table_row + tl.minimum(first_full, tile_end - 1))
-        for tile in range(first_full, last_full):
+        for tile in tl.range(first_full, last_full, disable_licm=RELOAD_QUERY):
+            if RELOAD_QUERY:
+                q_t = tl.trans(
+                    _load_query(
+                        query_ptr, token, head, dims, row_valid, dim_mask,
+                        stride_query_token, stride_query_head, DOT_IN_FP32,
+                    )
+                )  # fmt: skip
             if PREFETCH_BLOCK_TABLE:
                 page = next_page.to(tl.int32)
                 next_page = tl.load(block_table_row + tl.minimum(tile + 1, tile_end - 1))
@@ -497,7 +525,12 @@ def _unified_attention_kernel(
                 block_table_row, tile_start * TILE_SIZE + tile_offsets, kv_start, kv_end,
                 BLOCK_SIZE,
             )  # fmt: skip
-        for tile in range(tile_start, tile_end):
+        for tile in tl.range(tile_start, tile_end, disable_licm=RELOAD_QUERY):
+            if RELOAD_QUERY:
+                q = _load_query(
+                    query_ptr, token, head, dims, row_valid, dim_mask, stride_query_token,
+                    stride_query_head, DOT_IN_FP32,
+                )  # fmt: skip
             key_pos = tile * TILE_SIZE + tile_offsets
             key_valid = (key_pos >= kv_start) & (key_pos < kv_end)
             if PREFETCH_BLOCK_TABLE:

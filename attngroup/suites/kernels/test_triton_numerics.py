@@ -357,6 +357,7 @@ PREFETCH = {"prefetch_block_table": True, "tile_size": 16}
 TMA = {"tma_kv": True, "tile_size": 16}
 REGISTER_CAP = {"max_registers": 128}
 PROGRAMMATIC = {"programmatic_launch": True}
+RELOAD = {"reload_query": True}
 LAUNCH_VARIANT_CASES = [
     _variant_param(False, (8, 1), 512, "verify", torch.float32, "3d", None, VALUE_SPLIT),
     _variant_param(False, (4, 2), 512, "decode", torch.float16, "3d", 5, {"value_splits": 4}),
@@ -372,6 +373,8 @@ LAUNCH_VARIANT_CASES = [
     _variant_param(False, (6, 2), 128, "verify", torch.float32, "3d", None, TMA | VALUE_SPLIT),
     _variant_param(False, (4, 2), 256, "decode", torch.float16, "3d", None, TMA | REGISTER_CAP),
     _variant_param(False, (8, 1), 512, "verify", torch.float32, "3d", 24, PROGRAMMATIC),
+    _variant_param(False, (8, 1), 512, "verify", torch.float32, "3d", 24, TMA | RELOAD),
+    _variant_param(False, (6, 2), 128, "chunked", torch.float16, "2d", None, RELOAD),
     _variant_param(True, (8, 1), 512, "decode64", torch.bfloat16, "3d", None, VALUE_SPLIT),
     _variant_param(True, (8, 1), 512, "verify", torch.bfloat16, "3d", None, TMA),
     _variant_param(True, (4, 2), 512, "decode64", torch.bfloat16, "3d", 512, TMA),
@@ -388,15 +391,18 @@ LAUNCH_VARIANT_CASES = [
     _variant_param(True, (4, 2), 512, "decode64", torch.bfloat16, "3d", None, TMA | PROGRAMMATIC),
     _variant_param(True, (8, 1), 256, "verify", torch.bfloat16, "3d", 24, PROGRAMMATIC),
     _variant_param(True, (32, 8), 128, "prefill", torch.bfloat16, "2d", 24, PROGRAMMATIC),
+    _variant_param(True, (4, 2), 512, "decode64", torch.bfloat16, "3d", None, TMA | RELOAD),
+    _variant_param(True, (8, 1), 256, "verify", torch.bfloat16, "3d", 24, TMA | RELOAD),
+    _variant_param(True, (32, 8), 128, "prefill", torch.bfloat16, "2d", 24, RELOAD),
 ]
 
 
 @pytest.mark.parametrize(("case", "variant"), LAUNCH_VARIANT_CASES)
 def test_launch_variants_match_oracle(case: Case, variant: dict, device: torch.device) -> None:
     """The value split (programs owning a slice of V's columns), the block-table prefetch, the
-    tensor-descriptor loads of K and V, a register cap (spills) and programmatic launches
-    (each kernel waiting on the one before) compute the same attention as the oracle, segments
-    fitted to waves as the launcher does."""
+    tensor-descriptor loads of K and V, a register cap (spills), programmatic launches (each
+    kernel waiting on the one before) and the query reloaded in every KV iteration compute the
+    same attention as the oracle, segments fitted to waves as the launcher does."""
     batch = case.batch(device)
     heuristic = _heuristic(case, batch, case.path)
     config = replace(heuristic, num_segments=None, **variant)
