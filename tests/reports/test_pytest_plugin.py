@@ -511,6 +511,20 @@ def test_reruns_are_kept_as_attempts():
     assert progress.duration_s == pytest.approx(2.5)
 
 
+def _run_planted(tmp_path: Path, source: str, workers: list[str]) -> RunRecord:
+    """``source`` as a test file, run by pytest with the plugin (and ``workers``), which must
+    fail (the planted tests do); its run record."""
+    (tmp_path / "test_planted.py").write_text(source)
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", *PLUGIN, *workers, "-p", "no:cacheprovider",
+         "--run-record", "run.json"],
+        cwd=tmp_path, env=clean_environment(dict(os.environ)), capture_output=True, text=True,
+        check=False,
+    )  # fmt: skip
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    return load_record(tmp_path / "run.json")
+
+
 PLANTED_ADAPTER_ERROR = """
 from attngroup.suites.engines.base import AdapterError
 
@@ -529,15 +543,7 @@ def test_engine_failed():
 )
 def test_a_planted_adapter_error_is_recorded_as_adapter_error(tmp_path, workers):
     """An adapter's harness error is its own outcome, never the engine's failure."""
-    (tmp_path / "test_planted.py").write_text(PLANTED_ADAPTER_ERROR)
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", *PLUGIN, *workers, "-p", "no:cacheprovider",
-         "--run-record", "run.json"],
-        cwd=tmp_path, env=clean_environment(dict(os.environ)), capture_output=True, text=True,
-        check=False,
-    )  # fmt: skip
-    assert completed.returncode == 1, completed.stdout + completed.stderr
-    record = load_record(tmp_path / "run.json")
+    record = _run_planted(tmp_path, PLANTED_ADAPTER_ERROR, workers)
     outcomes = {test.nodeid.split("::")[1]: test.outcome for test in record.tests}
     assert outcomes == {"test_adapter_broke": "adapter_error", "test_engine_failed": "failed"}
     assert_file_matches_schema(tmp_path / "run.json", "run-record")
@@ -584,15 +590,8 @@ def test_gpu_out_of_memory_under_shared_workers_is_a_harness_error(tmp_path, wor
     """Workers sharing one GPU that run it out of memory are the run's fault: an adapter
     error saying so, never the engine's failure; alone on the device, a test that runs out of
     memory has failed."""
-    (tmp_path / "test_planted.py").write_text(PLANTED_OUT_OF_MEMORY)
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", *PLUGIN, *workers, "-p", "no:cacheprovider",
-         "--run-record", "run.json"],
-        cwd=tmp_path, env=clean_environment(dict(os.environ)), capture_output=True, text=True,
-        check=False,
-    )  # fmt: skip
-    assert completed.returncode == 1, completed.stdout + completed.stderr
-    tests = {test.nodeid.split("::")[1]: test for test in load_record(tmp_path / "run.json").tests}
+    record = _run_planted(tmp_path, PLANTED_OUT_OF_MEMORY, workers)
+    tests = {test.nodeid.split("::")[1]: test for test in record.tests}
     assert tests.pop("test_wrong_result").outcome == "failed"
     assert len(tests) == 4
     for name, test in tests.items():
