@@ -90,6 +90,16 @@ _FILES = {
         class VllmConfig:
             watermark_config: object = None  # read from the field default by the view
 
+            if SHAPE["runner_rule"] == "env":
+
+                def _validate_v2_model_runner(self):  # run by __post_init__ when switched on
+                    method = self.speculative_config.method
+                    if method not in ("eagle", "eagle3", "mtp"):
+                        raise ValueError(
+                            "VLLM_USE_V2_MODEL_RUNNER does not yet support: "
+                            f"speculative method '{method}'"
+                        )
+
             if SHAPE["runner_rule"] not in ("none", "env"):
 
                 @property
@@ -182,6 +192,13 @@ _FILES = {
 
             def get_class(self):
                 return TritonAttentionBackend
+    """,
+    "v1/attention/selector.py": """
+        class Mamba2AttentionBackend:
+            pass
+
+        def get_mamba_attn_backend(mamba_type):  # 0.20: specs name their backend
+            return {"mamba2": Mamba2AttentionBackend}[mamba_type]
     """,
     "v1/attention/backends/utils.py": """
         from vllm import CALLS

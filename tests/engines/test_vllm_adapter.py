@@ -154,3 +154,19 @@ def test_timeline_page_shows_adapter_errors_in_their_own_state_and_links_the_pr(
     assert '<td class="adapter-error changed">' in page and "TypeError: &lt;x&gt;" in page
     assert "triton_attn.py:90" in page
     assert has_adapter_errors(sets) and not has_adapter_errors(sets[:2])
+
+
+def test_an_unavailable_cell_says_why_the_release_has_no_runner_for_the_pair():
+    """A release that refuses a config on the runner its switch names, or lacks the runner
+    asked for: the cell says so with vLLM's reason, in the table and on the page."""
+    from attngroup.suites.grouping.vllm_timeline import html_page
+
+    refused = {
+        "verdict": "unavailable", "runner": "auto",
+        "message": "VLLM_USE_V2_MODEL_RUNNER does not yet support: hybrid/mamba models",
+    }  # fmt: skip
+    sets = [_verdicts("0.21.0", refused)]
+    assert "unavailable (auto): `VLLM_USE_V2_MODEL_RUNNER does not yet support: hybrid" in (
+        markdown_table(sets)
+    )
+    assert "<div class=detail>VLLM_USE_V2_MODEL_RUNNER does not yet support" in html_page(sets)

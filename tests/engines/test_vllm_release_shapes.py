@@ -1,7 +1,9 @@
 """The vLLM adapter against stand-in releases (``fake_vllm``), without vLLM installed.
 
 One regression test per adapter defect once found on a real release: no runner rule read
-where the release keeps it in an environment switch (0.21), grouping before the
+where the release keeps it in an environment switch (0.21), a config judged on V2 that the
+switched release refuses at start-up (0.20, 0.21), a state spec's backend named by a string
+(0.20), grouping before the
 engine core resolved the KV-cache layout (0.29), judging V1 where vLLM's rule picks V2
 (0.26-0.33), passing ``draft_layer_names`` where ``init_attn_backend`` does not take it
 (before 0.33), stand-in layers that are not the concrete ``Attention`` a release looks
@@ -92,6 +94,35 @@ def test_auto_follows_the_v2_switch_where_the_release_reads_one(release, monkeyp
     ``VllmConfig.use_v2_model_runner`` yet): auto judges the runner it names."""
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     assert _setup(GEMMA).runner == "v2"
+
+
+@pytest.mark.parametrize("release", ["0.21"], indirect=True)
+def test_a_config_the_switched_release_refuses_is_unavailable(release, monkeypatch):
+    """With the switch on, 0.20 and 0.21 check what V2 does not yet support when the config
+    is made (a separate draft model among it) and refuse to start: no runner judges the
+    pair, so it is unavailable, with vLLM's reason, not a verdict of either runner."""
+    from attngroup.suites.engines.vllm_startup import RunnerUnavailableError
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(RunnerUnavailableError, match="speculative method 'draft_model'"):
+        _setup(QWEN_DRAFT)
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    assert _setup(QWEN_DRAFT).runner == "v1"
+
+
+@pytest.mark.parametrize("release", ["0.21"], indirect=True)
+def test_a_state_spec_gets_its_backend_by_name_or_by_enum(release):
+    """A state spec names its backend by a string that vLLM's selector resolves (0.20), or
+    carries an enum member that names its class (0.21+)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.attention.selector import Mamba2AttentionBackend
+
+    from attngroup.suites.engines.vllm_standins import state_backend
+
+    assert state_backend(SimpleNamespace(mamba_type="mamba2")) is Mamba2AttentionBackend
+    member = SimpleNamespace(get_class=lambda: Mamba2AttentionBackend)
+    assert state_backend(SimpleNamespace(mamba_type=member)) is Mamba2AttentionBackend
 
 
 @pytest.mark.parametrize("release", ["0.21", "0.22", "0.29", "0.33"], indirect=True)

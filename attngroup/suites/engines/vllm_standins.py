@@ -334,5 +334,11 @@ def _named_subclass(base: type[AttentionBackendClass], name: str) -> type[Attent
 
 
 def state_backend(vllm_spec: Any) -> type:
-    """The backend vLLM pairs with a state spec (its ``mamba_type``)."""
-    return vllm_spec.mamba_type.get_class()
+    """The backend vLLM pairs with a state spec (its ``mamba_type``): an enum member that
+    names its class from 0.21 on, a name vLLM's selector resolves before (0.20)."""
+    mamba_type = vllm_spec.mamba_type
+    if isinstance(mamba_type, str):
+        from vllm.v1.attention.selector import get_mamba_attn_backend
+
+        return get_mamba_attn_backend(mamba_type)
+    return mamba_type.get_class()

@@ -18,6 +18,7 @@ one raised by the adapter, its stand-ins or a missing import becomes ``AdapterEr
 
 from __future__ import annotations
 
+import functools
 import inspect
 import traceback
 from collections.abc import Callable, Mapping
@@ -38,7 +39,8 @@ _BUILDER_HEAD_ATTRIBUTES = ("num_heads_q", "num_qo_heads", "num_heads")
 
 
 class RunnerUnavailableError(ValueError):
-    """The runner asked for is not in the installed release (e.g. V1 after its removal)."""
+    """The runner asked for is not in the installed release (e.g. V1 after its removal), or
+    the release refuses the config on the runner its switch names."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,8 @@ class StartUp:
     runner_rule: Callable[[Any], bool] | None
     """Whether the release runs a config on the V2 runner, by its own rule: the
     ``VllmConfig.use_v2_model_runner`` property (0.22+), else the ``VLLM_USE_V2_MODEL_RUNNER``
-    switch its GPU worker reads (0.21); None where it has neither."""
+    switch its GPU worker reads (0.20, 0.21; ``RunnerUnavailableError`` where the release
+    refuses the config on V2); None where it has neither."""
 
     @classmethod
     def discover(cls) -> StartUp:
@@ -217,6 +220,8 @@ class StartUp:
             )
         try:
             return V2 if self.runner_rule(vllm_config) else V1
+        except RunnerUnavailableError:
+            raise
         except Exception as error:
             raise AdapterError.wrapping(error, "asking vLLM's runner rule") from error
 
@@ -334,9 +339,25 @@ def _runner_rule(vllm_config_class: type) -> Callable[[Any], bool] | None:
         return rule.fget
     switches = _optional_attribute("vllm.envs", "environment_variables") or {}
     if "VLLM_USE_V2_MODEL_RUNNER" in switches:
-        switch = switches["VLLM_USE_V2_MODEL_RUNNER"]
-        return lambda _config: bool(switch())
+        return functools.partial(_v2_switched_on, switches["VLLM_USE_V2_MODEL_RUNNER"])
     return None
+
+
+def _v2_switched_on(switch: Callable[[], object], vllm_config: Any) -> bool:
+    """The ``VLLM_USE_V2_MODEL_RUNNER`` rule (0.20, 0.21): V2 when the switch is on, where
+    ``VllmConfig``'s own check of what V2 does not yet support (hybrid models, methods other
+    than EAGLE and MTP) passes; a config it refuses never starts, so no runner judges it."""
+    if not switch():
+        return False
+    validate = getattr(vllm_config, "_validate_v2_model_runner", None)
+    if validate is not None:
+        try:
+            validate()
+        except ValueError as error:
+            raise RunnerUnavailableError(
+                f"VLLM_USE_V2_MODEL_RUNNER=1 and vLLM refuses this config at start-up: {error}"
+            ) from error
+    return True
 
 
 def _optional_attribute(module_name: str, name: str) -> Any:

@@ -181,6 +181,9 @@ def markdown_cell(cell: Cell | None) -> str:
         text = f"**adapter error** ({runner}): `{message}`"
     else:
         text = f"unavailable ({runner})"
+        if result.get("message"):
+            message = _short(result["message"]).replace("|", "\\|").replace("`", "'")
+            text += f": `{message}`"
     if cell.changed:
         text = "▶ " + text + (f" ({', '.join(cell.prs)})" if cell.prs else "")
     return text
@@ -231,6 +234,8 @@ def html_page(verdict_sets: Sequence[dict], title: str = "vLLM grouping verdicts
                 if result.get("source"):
                     detail += f"<br>at {escape(result['source'])}"
                 detail += "".join(f"<br>{escape(f)}" for f in result.get("frames", ())) + "</div>"
+            elif result.get("message"):  # unavailable: why the release has no runner for it
+                detail = f"<div class=detail>{escape(_short(result['message']))}</div>"
             if cell.prs:
                 links = ", ".join(
                     f'<a href="{escape(PR_URL.format(number=pr.lstrip("#")))}">{escape(pr)}</a>'
