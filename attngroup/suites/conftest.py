@@ -31,7 +31,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ
 from attngroup.reference_engine.pairs.pair_options import PAIRS_ENV
 from attngroup.reference_engine.pairs.pairs_file import PairsFileError, register_pairs_file
 from attngroup.suites.cases import CaseArgumentError, mark_case
-from attngroup.suites.engines.base import EngineAdapter
+from attngroup.suites.engines.base import EngineAdapter, EngineUnavailableError
 
 SUITES_DIR = Path(__file__).resolve().parent
 _ADAPTER_KEY = pytest.StashKey[EngineAdapter]()
@@ -81,6 +81,24 @@ def engine(request: pytest.FixtureRequest) -> EngineAdapter:
 def device(request: pytest.FixtureRequest) -> torch.device:
     chosen = request.config.getoption("device")
     return torch.device(chosen or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> object:
+    """A configuration the engine does not run is skipped with the engine's reason (the
+    engine starts up in fixtures, so here as well as in the call)."""
+    try:
+        return (yield)
+    except EngineUnavailableError as error:
+        pytest.skip(f"the engine does not run this configuration: {error}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> object:
+    try:
+        return (yield)
+    except EngineUnavailableError as error:
+        pytest.skip(f"the engine does not run this configuration: {error}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -93,11 +93,11 @@ _FILES = {
             if SHAPE["runner_rule"] == "env":
 
                 def _validate_v2_model_runner(self):  # run by __post_init__ when switched on
-                    method = self.speculative_config.method
-                    if method not in ("eagle", "eagle3", "mtp"):
+                    spec = self.speculative_config
+                    if spec is not None and spec.method not in ("eagle", "eagle3", "mtp"):
                         raise ValueError(
                             "VLLM_USE_V2_MODEL_RUNNER does not yet support: "
-                            f"speculative method '{method}'"
+                            f"speculative method '{spec.method}'"
                         )
 
             if SHAPE["runner_rule"] not in ("none", "env"):

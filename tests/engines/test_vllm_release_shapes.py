@@ -228,3 +228,33 @@ def test_the_verdict_file_says_adapter_error_and_exits_3(release, monkeypatch, t
     pairs = json.loads(out.read_text())["pairs"]
     assert {v["verdict"] for v in pairs.values()} == {"adapter error"}
     assert pairs[GEMMA]["frames"] and "TypeError" in pairs[GEMMA]["message"]
+
+
+@pytest.mark.parametrize("switch", ["1", "0"], ids=["v2-switched-on", "switched-off"])
+def test_the_suite_skips_a_config_the_release_refuses(tmp_path, switch):
+    """The grouping suite against stand-in 0.21: switched to V2, the separate-draft pair is
+    skipped with vLLM's reason (no runner judges it); switched off, V1 judges it."""
+    import os
+    import subprocess
+
+    from tests.pytest_subprocess import PYTEST
+
+    write_fake_vllm(tmp_path, SHAPES["0.21"])
+    repo = Path(__file__).resolve().parents[2]
+    environment = dict(os.environ) | {
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)]),
+        "VLLM_USE_V2_MODEL_RUNNER": switch,
+    }
+    done = subprocess.run(
+        [*PYTEST, "attngroup/suites/grouping/test_grouping_conformance.py", "--engine", "vllm",
+         "-k", f"{QWEN_DRAFT} and tp1", "-rs"],
+        cwd=repo, env=environment, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    refused = "does not run this configuration: VLLM_USE_V2_MODEL_RUNNER=1 and vLLM refuses"
+    if switch == "1":
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert refused in done.stdout and "speculative method 'draft_model'" in done.stdout
+        assert " passed" not in done.stdout and " failed" not in done.stdout
+    else:
+        assert refused not in done.stdout
+        assert " passed" in done.stdout or " failed" in done.stdout, done.stdout

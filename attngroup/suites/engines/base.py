@@ -128,6 +128,12 @@ def format_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+class EngineUnavailableError(Exception):
+    """The engine does not run this configuration at all (a runner it lacks, a config it
+    refuses when the engine is made): neither a verdict on its grouping nor the harness's
+    error. The suites skip such a test, naming why; the verdict files call it unavailable."""
+
+
 class AdapterError(RuntimeError):
     """The adapter (or its stand-ins, or an import it needs) failed: a harness error,
     never a verdict on the engine. ``frames`` are the traceback's innermost lines.

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from attngroup.suites.engines.base import AdapterError, format_error
+from attngroup.suites.engines.base import AdapterError, EngineUnavailableError, format_error
 
 V1, V2 = "v1", "v2"
 RUNNER_NAMES = {V1: "V1 GPUModelRunner", V2: "V2 attn_utils"}
@@ -38,7 +38,7 @@ _ADAPTER_ROOT = Path(__file__).resolve().parents[2]  # the attngroup package
 _BUILDER_HEAD_ATTRIBUTES = ("num_heads_q", "num_qo_heads", "num_heads")
 
 
-class RunnerUnavailableError(ValueError):
+class RunnerUnavailableError(EngineUnavailableError, ValueError):
     """The runner asked for is not in the installed release (e.g. V1 after its removal), or
     the release refuses the config on the runner its switch names."""
 

@@ -8,7 +8,8 @@ tree's path, commit, branch and whether tracked files differ from the commit. A 
 ``pass``, ``fail`` (the first failing check, its TP size, its first message and the vLLM
 source line that makes it true), ``adapter error`` (the harness failed: its message and the
 traceback's last frames, never a verdict on vLLM) or ``unavailable`` (the release lacks the
-runner asked for); each names the runner judged. ``attngroup.suites.grouping.vllm_timeline``
+runner asked for, or refuses the config on the runner its switch names, with its reason);
+each names the runner judged. ``attngroup.suites.grouping.vllm_timeline``
 turns verdict files into the release timeline.
 
 Exit status: 0; 2 when the venv's vLLM is not the checkout's (nothing written); 3 when any
