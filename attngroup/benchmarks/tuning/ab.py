@@ -123,6 +123,12 @@ VARIANTS = (
     # in registers: at head 512 the held query spills (offline sm_90 compile, Triton 3.6: the
     # e4b decode 216 bytes of stack, none reloaded; the e2b verify 616 against 200).
     Variant("reload-query", {"reload_query": True}, on_current=True),
+    # With a cap of 168 registers as well: the e2b head-256 verify (8 query heads on one KV
+    # head, 32 rows) then holds 3 programs per SM with 8 bytes of stack, where the cap alone
+    # spills 32 (offline sm_90 compile, Triton 3.6) and the launcher's entry holds 2.
+    Variant(
+        "reload-query-registers-168", {"reload_query": True, "max_registers": 168}, on_current=True
+    ),
 )
 WORST_CASES = (
     "verify.gemma4-e2b-sliding-d256.b16x32k",
