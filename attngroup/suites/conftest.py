@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -83,22 +85,26 @@ def device(request: pytest.FixtureRequest) -> torch.device:
     return torch.device(chosen or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> object:
-    """A configuration the engine does not run is skipped with the engine's reason (the
-    engine starts up in fixtures, so here as well as in the call)."""
+@contextmanager
+def _unavailable_as_skip() -> Iterator[None]:
+    """A configuration the engine does not run is skipped with the engine's reason."""
     try:
-        return (yield)
+        yield
     except EngineUnavailableError as error:
         pytest.skip(f"the engine does not run this configuration: {error}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> object:
+    """The engine starts up in fixtures, so setup as well as the call may find it refuses."""
+    with _unavailable_as_skip():
+        return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> object:
-    try:
+    with _unavailable_as_skip():
         return (yield)
-    except EngineUnavailableError as error:
-        pytest.skip(f"the engine does not run this configuration: {error}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

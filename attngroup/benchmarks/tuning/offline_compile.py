@@ -14,6 +14,7 @@ Triton's interpreter compiles nothing: run it without ``TRITON_INTERPRET``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -76,6 +77,13 @@ class CompiledKernel:
     def as_json(self) -> dict[str, int]:
         """The fields and ``programs_per_sm``, for a JSON report."""
         return asdict(self) | {"programs_per_sm": self.programs_per_sm}
+
+
+def refuse_the_interpreter(parser: argparse.ArgumentParser) -> None:
+    """A usage error (exit 2, nothing written) where ``TRITON_INTERPRET`` is set: Triton's
+    interpreter compiles nothing."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        parser.error("TRITON_INTERPRET is set: Triton's interpreter compiles nothing; unset it")
 
 
 def compile_kernel(
@@ -289,8 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        parser.error("TRITON_INTERPRET is set: Triton's interpreter compiles nothing; unset it")
+    refuse_the_interpreter(parser)
     from attngroup.benchmarks.tuning.ab import VARIANTS, find_case
 
     by_name = {variant.name: variant for variant in VARIANTS}

@@ -279,8 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warps", type=_int_list, default=[4, 8])
     parser.add_argument("--json", type=Path, help="write the rows to this JSON file")
     args = parser.parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        parser.error("TRITON_INTERPRET is set: Triton's interpreter compiles nothing; unset it")
+    from attngroup.benchmarks.tuning.offline_compile import refuse_the_interpreter
+
+    refuse_the_interpreter(parser)
     import triton
 
     print(f"Triton {triton.__version__}, sm_90, {NUM_STAGES} stages, {PAGE_SIZE}-key pages")
