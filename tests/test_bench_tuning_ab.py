@@ -13,25 +13,13 @@ E4B_VERIFY = "verify.gemma4-e4b-sliding-d256.b64x8k"
 E2B_DECODE = "decode.gemma4-e2b-sliding-d256.b64x8k"
 
 
-LAUNCHERS = LaunchConfig(16, 16, 4, 3, 2, tma_kv=True, max_registers=168)
-"""A launcher's own choice (``current``), unlike the heuristic in every field a variant keeps."""
-
-
 def test_current_is_the_launchers_choice_and_variants_refit_segments() -> None:
-    assert Variant(CURRENT).config(HEURISTIC, LAUNCHERS) is None
-    halved = Variant("v", {"value_splits": 2}, tile_divisor=2).config(HEURISTIC, LAUNCHERS)
+    assert Variant(CURRENT).config(HEURISTIC) is None
+    halved = Variant("v", {"value_splits": 2}, tile_divisor=2).config(HEURISTIC)
     assert halved == LaunchConfig(32, 32, 4, 2, None, value_splits=2)
-    fixed = Variant("s", {"num_segments": 2}).config(HEURISTIC, LAUNCHERS)
+    fixed = Variant("s", {"num_segments": 2}).config(HEURISTIC)
     assert fixed == LaunchConfig(32, 64, 4, 2, 2)  # a fixed count is kept, not refitted
     assert len({variant.name for variant in VARIANTS}) == len(VARIANTS)
-
-
-def test_a_variant_on_current_changes_only_its_fields_of_the_launchers_choice() -> None:
-    programmatic = next(v for v in VARIANTS if v.name == "programmatic-launch")
-    config = programmatic.config(HEURISTIC, LAUNCHERS)
-    assert config == LaunchConfig(
-        16, 16, 4, 3, None, tma_kv=True, max_registers=168, programmatic_launch=True
-    )
 
 
 def _row(variant: str, ratio: float | None, correct: bool = True, **config) -> dict:

@@ -333,7 +333,8 @@ def _config_schemas() -> dict[str, dict[str, Any]]:
 
 
 RETIRED_CONFIG_FIELDS = {
-    "benchmark-ab-attention": {"fused_merge"},  # h100-2026-12-05-fused-merge-ab.json, reverted
+    # h100-2026-12-05-fused-merge-ab.json, -launch-options-ab.json, -verify-register-cap-ab.json
+    "benchmark-ab-attention": {"fused_merge", "programmatic_launch", "reload_query"},
 }
 """``LaunchConfig`` fields a committed result file holds that the class no longer has."""
 

@@ -44,20 +44,16 @@ one variant in one process, about 0.3 % on the H200)."""
 
 @dataclass(frozen=True)
 class Variant:
-    """Fields replaced in the heuristic's config (``tile_divisor`` divides its tile size), or
-    with ``on_current`` in the launcher's own choice."""
+    """Fields replaced in the heuristic's config; ``tile_divisor`` divides its tile size."""
 
     name: str
     fields: Mapping[str, Any] = field(default_factory=dict)
     tile_divisor: int = 1
-    on_current: bool = False
 
-    def config(self, heuristic: LaunchConfig, current: LaunchConfig) -> LaunchConfig | None:
+    def config(self, heuristic: LaunchConfig) -> LaunchConfig | None:
         """The variant's config (None for ``current``: the launcher's own choice)."""
         if self.name == CURRENT:
             return None
-        if self.on_current:
-            return replace(current, **{"num_segments": None, **self.fields})
         tile_size = max(16, heuristic.tile_size // self.tile_divisor)
         return replace(heuristic, **{"num_segments": None, "tile_size": tile_size, **self.fields})
 
@@ -115,19 +111,6 @@ VARIANTS = (
             f"tma-prefetch-stages-3-registers-{cap}", {**TMA_PREFETCH_3, "max_registers": cap}, 4
         )
         for cap in (168, 128)
-    ),
-    # The launcher's choice with both kernels launched programmatically: the merge kernel's
-    # launch overlaps the attention kernel's last programs (FlashInfer 0.7 does so on sm90).
-    Variant("programmatic-launch", {"programmatic_launch": True}, on_current=True),
-    # The launcher's choice with the query rows loaded in every KV iteration instead of held
-    # in registers: at head 512 the held query spills (offline sm_90 compile, Triton 3.6: the
-    # e4b decode 216 bytes of stack, none reloaded; the e2b verify 616 against 200).
-    Variant("reload-query", {"reload_query": True}, on_current=True),
-    # With a cap of 168 registers as well: the e2b head-256 verify (8 query heads on one KV
-    # head, 32 rows) then holds 3 programs per SM with 8 bytes of stack, where the cap alone
-    # spills 32 (offline sm_90 compile, Triton 3.6) and the launcher's entry holds 2.
-    Variant(
-        "reload-query-registers-168", {"reload_query": True, "max_registers": 168}, on_current=True
     ),
 )
 WORST_CASES = (
@@ -188,12 +171,6 @@ class CaseBench:
 
         return heuristic_launch_config(self.case)
 
-    def variant_config(self, variant: Variant) -> LaunchConfig | None:
-        """``variant``'s config for this case."""
-        if variant.name == CURRENT:
-            return None
-        return variant.config(self.heuristic(), self.plan(None).config)
-
     def tensors(self):
         from attngroup.kernels.ops.triton_launch_plan import AttentionTensors
 
@@ -252,7 +229,7 @@ def compile_variant(case_name: str, variant_name: str) -> None:
     bench = CaseBench(find_case(case_name), torch.device("cuda"))
     variant = next(variant for variant in VARIANTS if variant.name == variant_name)
     try:
-        bench.launcher(bench.variant_config(variant))()
+        bench.launcher(variant.config(bench.heuristic()))()
         torch.cuda.synchronize()
     except Exception as error:  # refused configs are reported by the timing process
         print(f"compile {case_name} {variant_name}: {type(error).__name__}", file=sys.stderr)
@@ -279,11 +256,12 @@ def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flu
     from attngroup.kernels.ops.triton_unified_attention import kernel_resources
 
     bench = CaseBench(case, torch.device("cuda"))
+    heuristic = bench.heuristic()
     runnable = {}
     rows: dict[str, dict[str, object]] = {}  # variant name -> its JSON row
     for variant in variants:
+        config = variant.config(heuristic)
         try:
-            config = bench.variant_config(variant)
             run = bench.launcher(config)
             error = bench.error(run)
         except Exception as exc:  # a config the compiler or the smem budget refuses

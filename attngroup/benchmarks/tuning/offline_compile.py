@@ -1,13 +1,12 @@
 """Compile a benchmark case's Triton kernels for sm_90 on a machine without a GPU.
 
-What a launch variant costs in registers, spilled stack and shared memory, how many of its
-programs an H200 SM holds, and whether its PTX carries the instructions its options need
-(``griddepcontrol`` for a programmatic launch). The launch is planned on meta tensors, its
+What a launch variant costs in registers, spilled stack and shared memory, and how many of
+its programs an H200 SM holds. The launch is planned on meta tensors, its
 arguments specialized by Triton's own binder as a real launch is, compiled by Triton for
 sm_90, and the cubin read with the ``cuobjdump`` Triton's wheel bundles: no device. Segment
 counts are fitted to whole waves of the compiled kernel, as on the H200.
 
-    python -m attngroup.benchmarks.tuning.offline_compile --cases decode.gemma4-e4b-full-d512.b64x8k --variants current,programmatic-launch
+    python -m attngroup.benchmarks.tuning.offline_compile --cases decode.gemma4-e4b-full-d512.b64x8k --variants current,tma-prefetch-stages-3-registers-168
 
 Triton's interpreter compiles nothing: run it without ``TRITON_INTERPRET``.
 """
@@ -56,8 +55,6 @@ class CompiledKernel:
     stack_bytes: int
     shared_bytes: int
     num_warps: int
-    griddepcontrol: int
-    """``griddepcontrol`` instructions in its PTX (a programmatic launch's wait and trigger)."""
 
     @property
     def programs_per_sm(self) -> int:
@@ -134,7 +131,6 @@ def compile_kernel(
         stack_bytes=stack,
         shared_bytes=compiled.metadata.shared,
         num_warps=compiled.metadata.num_warps,
-        griddepcontrol=compiled.asm["ptx"].count("griddepcontrol."),
     )
 
 
@@ -261,7 +257,7 @@ def compile_variant(case: Case, variant: Variant) -> dict[str, object]:
 
     tensors = case_tensors(case)
     current = plan_offline(case, tensors, None)
-    config = variant.config(heuristic_launch_config(case), current.config)
+    config = variant.config(heuristic_launch_config(case))
     plan = current if config is None else plan_offline(case, tensors, config)
     merge = merge_kernel(plan, tensors)
     attention = attention_kernel(plan, tensors)
@@ -280,10 +276,10 @@ def _line(row: dict[str, Any]) -> str:
     text = (
         f"   {row['variant']:<36} {attention['registers']:>3} regs  {attention['stack_bytes']:>4} B stack"
         f"  {attention['shared_bytes'] / 1024:5.1f} KiB  {attention['programs_per_sm']} per SM"
-        f"  grid {tuple(row['grid'])}  griddepcontrol {attention['griddepcontrol']}"
+        f"  grid {tuple(row['grid'])}"
     )
     if row["merge"] is not None:
-        text += f"  merge: {row['merge']['registers']} regs, griddepcontrol {row['merge']['griddepcontrol']}"
+        text += f"  merge: {row['merge']['registers']} regs"
     return text
 
 

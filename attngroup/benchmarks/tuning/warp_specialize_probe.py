@@ -224,7 +224,6 @@ def probe(key: ProbeKey) -> ProbeRow:
         stack_bytes=stack,
         shared_bytes=compiled.metadata.shared,
         num_warps=compiled.metadata.num_warps,
-        griddepcontrol=ptx.count("griddepcontrol."),
     )
     split = "ttg.warp_specialize(" in compiled.asm["ttgir"]
     return ProbeRow(key, "split" if split else "unchanged", kernel, ptx.count("setmaxnreg"), None)

@@ -158,14 +158,6 @@ class LaunchConfig:
     one page per tile: ``tile_size`` must equal the cache's block size.
     ``max_registers``: Triton's ``maxnreg``, a cap on registers per thread that buys another
     resident program per SM at the price of spills (None: the compiler's choice).
-    ``programmatic_launch``: launch the kernels with programmatic dependent launch (sm90+;
-    Triton's ``launch_pdl``), so a kernel's launch overlaps the end of the kernel before it;
-    each kernel waits for that kernel's writes (``griddepcontrol.wait``) before its first
-    load. FlashInfer 0.7 launches its attention and merge kernels this way on sm90.
-    ``reload_query``: load the query rows again in every iteration of the KV loop (from L1)
-    instead of holding them in registers across it, the loop's invariant code left in place
-    (Triton's ``disable_licm``): at head 512 the held query is what spills (offline sm_90
-    compile: 216 bytes of stack on the e4b decode, none with the reload).
     """
 
     block_m: int
@@ -178,8 +170,6 @@ class LaunchConfig:
     prefetch_block_table: bool = False
     tma_kv: bool = False
     max_registers: int | None = None
-    programmatic_launch: bool = False
-    reload_query: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "tile_size"):

@@ -61,8 +61,7 @@ class AttentionTensors:
 class KernelLaunch:
     """One kernel call: its grid, its ``tl.constexpr`` arguments by name (every one of the
     kernel's without a default; see ``ConstexprSignature``) and Triton's launch options
-    (``num_warps``, ``num_stages``; ``maxnreg`` under a register cap, ``launch_pdl`` for a
-    programmatic launch)."""
+    (``num_warps``, ``num_stages``; ``maxnreg`` under a register cap)."""
 
     grid: tuple[int, ...]
     constexprs: Mapping[str, object]
@@ -330,13 +329,11 @@ def _attention_constexprs(
             "USE_SOFTCAP": call.logits_soft_cap is not None,
             "USE_SLIDING_WINDOW": call.sliding_window is not None,
             "SPLIT_KV": split_kv,
-            "PROGRAMMATIC_LAUNCH": _programmatic_launch(config),
             "DOT_IN_FP32": INTERPRETED,
             "DOT_PRECISION": "ieee" if call.dtype == torch.float32 else "tf32",
             "VALUE_SPLITS": config.value_splits,
             "PREFETCH_BLOCK_TABLE": config.prefetch_block_table,
             "TMA_KV": config.tma_kv,
-            "RELOAD_QUERY": config.reload_query,
         }
     )
 
@@ -346,17 +343,7 @@ def _attention_options(config: LaunchConfig) -> dict[str, int]:
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.max_registers is not None:
         options["maxnreg"] = config.max_registers
-    return options | _launch_pdl(config)
-
-
-def _programmatic_launch(config: LaunchConfig) -> bool:
-    """Whether the kernels wait on ``griddepcontrol`` (never interpreted: it is inline PTX)."""
-    return config.programmatic_launch and not INTERPRETED
-
-
-def _launch_pdl(config: LaunchConfig) -> dict[str, int]:
-    """Triton's ``launch_pdl`` option where the kernels launch programmatically."""
-    return {"launch_pdl": True} if _programmatic_launch(config) else {}
+    return options
 
 
 def _tma_refusal(call: _Call, tile_size: int) -> str | None:
@@ -395,10 +382,9 @@ def _merge_launch(call: _Call, config: LaunchConfig) -> KernelLaunch:
                 "SEGMENTS_PADDED": next_power_of_2(call.scratch_segments),
                 "HEAD_SIZE": call.head_size,
                 "HEAD_SIZE_PADDED": next_power_of_2(call.head_size),
-                "PROGRAMMATIC_LAUNCH": _programmatic_launch(config),
             }
         ),
-        options=MappingProxyType({"num_warps": MERGE_NUM_WARPS} | _launch_pdl(config)),
+        options=MappingProxyType({"num_warps": MERGE_NUM_WARPS}),
     )
 
 

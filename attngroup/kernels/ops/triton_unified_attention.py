@@ -230,32 +230,6 @@ def _find_request(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr)
 
 
 @triton.jit
-def _load_query(
-    query_ptr,
-    token,
-    head,
-    dims,
-    row_valid,
-    dim_mask,
-    stride_query_token,
-    stride_query_head,
-    DOT_IN_FP32: tl.constexpr,
-):
-    """[rows, HEAD_SIZE_PADDED]: the q-block's query rows (zeros past the head size)."""
-    q = tl.load(
-        query_ptr
-        + token[:, None] * stride_query_token
-        + head[:, None] * stride_query_head
-        + dims[None, :],
-        mask=row_valid[:, None] & dim_mask[None, :],
-        other=0.0,
-    )
-    if DOT_IN_FP32:
-        q = q.to(tl.float32)
-    return q
-
-
-@triton.jit
 def _physical_blocks(block_table_row, key_pos, kv_start, kv_end, BLOCK_SIZE: tl.constexpr):
     """[keys]: the cache block of each key position; 0 (never read) outside [kv_start, kv_end)."""
     valid = (key_pos >= kv_start) & (key_pos < kv_end)
@@ -401,18 +375,13 @@ def _unified_attention_kernel(
     USE_SOFTCAP: tl.constexpr,
     USE_SLIDING_WINDOW: tl.constexpr,
     SPLIT_KV: tl.constexpr,
-    PROGRAMMATIC_LAUNCH: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     VALUE_SPLITS: tl.constexpr,
     PREFETCH_BLOCK_TABLE: tl.constexpr,
     TMA_KV: tl.constexpr,
-    RELOAD_QUERY: tl.constexpr,
 ):
     """One (q-block, KV head[, segment], value part) program; see the module docstring."""
-    if PROGRAMMATIC_LAUNCH:  # the kernel before wrote the query, cache and metadata
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()  # the merge kernel may launch
     q_block = tl.program_id(0) // VALUE_SPLITS
     value_part = tl.program_id(0) % VALUE_SPLITS
     kv_head = tl.program_id(1)
@@ -445,10 +414,16 @@ def _unified_attention_kernel(
     )
     value_mask = value_dims < HEAD_SIZE
 
-    q = _load_query(
-        query_ptr, token, head, dims, row_valid, dim_mask, stride_query_token, stride_query_head,
-        DOT_IN_FP32,
-    )  # fmt: skip
+    q = tl.load(
+        query_ptr
+        + token[:, None] * stride_query_token
+        + head[:, None] * stride_query_head
+        + dims[None, :],
+        mask=row_valid[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
 
     # Keys some row of this q-block sees: [kv_start, kv_end).
     kv_end = context_len + tl.minimum(first_local + BLOCK_Q, q_len)
@@ -481,14 +456,7 @@ def _unified_attention_kernel(
         # pipeliner give the descriptor loads num_stages - 1 buffers (one without it).
         if PREFETCH_BLOCK_TABLE:
             next_page = tl.load(block_table_row + tl.minimum(first_full, tile_end - 1))
-        for tile in tl.range(first_full, last_full, disable_licm=RELOAD_QUERY):
-            if RELOAD_QUERY:
-                q_t = tl.trans(
-                    _load_query(
-                        query_ptr, token, head, dims, row_valid, dim_mask,
-                        stride_query_token, stride_query_head, DOT_IN_FP32,
-                    )
-                )  # fmt: skip
+        for tile in range(first_full, last_full):
             if PREFETCH_BLOCK_TABLE:
                 page = next_page.to(tl.int32)
                 next_page = tl.load(block_table_row + tl.minimum(tile + 1, tile_end - 1))
@@ -525,12 +493,7 @@ def _unified_attention_kernel(
                 block_table_row, tile_start * TILE_SIZE + tile_offsets, kv_start, kv_end,
                 BLOCK_SIZE,
             )  # fmt: skip
-        for tile in tl.range(tile_start, tile_end, disable_licm=RELOAD_QUERY):
-            if RELOAD_QUERY:
-                q = _load_query(
-                    query_ptr, token, head, dims, row_valid, dim_mask, stride_query_token,
-                    stride_query_head, DOT_IN_FP32,
-                )  # fmt: skip
+        for tile in range(tile_start, tile_end):
             key_pos = tile * TILE_SIZE + tile_offsets
             key_valid = (key_pos >= kv_start) & (key_pos < kv_end)
             if PREFETCH_BLOCK_TABLE:
@@ -608,15 +571,12 @@ def _merge_segments_kernel(
     SEGMENTS_PADDED: tl.constexpr,
     HEAD_SIZE: tl.constexpr,
     HEAD_SIZE_PADDED: tl.constexpr,
-    PROGRAMMATIC_LAUNCH: tl.constexpr,
 ):
     """Log-sum-exp merge of the segments of one token's query heads into the output.
 
     The segments' partial outputs are summed one segment at a time: a [heads, segments,
     head_size] tile would hold SCRATCH_SEGMENTS x head_size floats per head in registers
     (64 KiB at 32 segments and head 512), most of them masked off."""
-    if PROGRAMMATIC_LAUNCH:  # the attention kernel's partial results
-        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0)
     if token >= tl.load(query_start_loc_ptr + num_seqs):
         return

@@ -16,7 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from attngroup.kernels.ops import triton_launch_plan
 from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError, SplitKVScratch
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
@@ -328,22 +327,6 @@ def test_given_config_is_kept_and_skips_the_probe() -> None:
     assert plan.attention.grid == (4, 1, 5)
     assert dict(plan.attention.options) == {"num_warps": 8, "num_stages": 3}
     assert probe.plans == []
-
-
-@pytest.mark.parametrize("interpreted", [False, True], ids=["compiled", "interpreted"])
-def test_programmatic_launch_is_planned_for_compiled_kernels_only(
-    monkeypatch: pytest.MonkeyPatch, interpreted: bool
-) -> None:
-    """``programmatic_launch`` gives the attention and merge kernels Triton's ``launch_pdl``
-    and their ``griddepcontrol`` wait, except under the interpreter, which runs no PTX."""
-    monkeypatch.setattr(triton_launch_plan, "INTERPRETED", interpreted)
-    batch = Batch(4, 1, 8, 1, 256, 8192)
-    config = LaunchConfig(16, 32, 4, 3, 5, programmatic_launch=True)
-    plan = _plan(batch, RecordingProbe(THREE_PER_SM), config=config)
-    assert plan is not None and plan.merge is not None
-    for launch in (plan.attention, plan.merge):
-        assert launch.constexprs["PROGRAMMATIC_LAUNCH"] is (not interpreted)
-        assert launch.options.get("launch_pdl", False) is (not interpreted)
 
 
 def test_a_register_cap_becomes_tritons_maxnreg() -> None:
