@@ -4,7 +4,8 @@
 # a .tar.xz, unpacked into the same folder), then run every suite on CUDA (nox -s gpu_tests), which
 # writes out/gpu/run-record.json, out/gpu/junit.xml and out/gpu/report.html. Extra args go to pytest.
 # GPU_TESTS_INSTALL_ONLY=1 stops after the install (for a benchmark run in the same environment:
-# `. scripts/gpu_tests.sh` then leaves PYTHONPATH set).
+# `. scripts/gpu_tests.sh` then leaves PYTHONPATH set, and the caller's shell options as they were).
+caller_options=$(set +o)
 set -euo pipefail
 dir=${WHEELS:-.whl}
 site=${SITE:-/tmp/agc-site}
@@ -21,6 +22,7 @@ if ! command -v python >/dev/null 2>&1; then
   mkdir -p "$site/bin" && ln -sf "$(command -v python3)" "$site/bin/python" && export PATH="$site/bin:$PATH"
 fi
 if [ "${GPU_TESTS_INSTALL_ONLY:-0}" = 1 ]; then
+  eval "$caller_options"  # a sourcing script's failing command must not end it from here on
   return 0 2>/dev/null || exit 0
 fi
 python3 -m nox -s gpu_tests -- "$@"
