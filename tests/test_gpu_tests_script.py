@@ -14,16 +14,20 @@ RECORDING_PIP = '#!/bin/sh\necho "python3 $*" >>"$CALLS"\n'
 FAILING_PIP = "#!/bin/sh\nexit 3\n"
 
 
-def _source_for_install(tmp_path: Path, caller: str, python3: str) -> subprocess.CompletedProcess:
+def _source_for_install(
+    tmp_path: Path, caller: str, python3: str, with_tools: bool = True
+) -> subprocess.CompletedProcess:
     """Source the script in bash, then run ``caller``, with ``python3`` standing in for pip."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python3").write_text(python3)
     (bin_dir / "python3").chmod(0o755)
     wheels = tmp_path / "wheels"
-    (wheels / "tools").mkdir(parents=True)
+    wheels.mkdir()
     (wheels / "dep-1.0-py3-none-any.whl").write_bytes(b"")
-    (wheels / "tools" / "tool-1.0-py3-none-any.whl").write_bytes(b"")
+    if with_tools:
+        (wheels / "tools").mkdir()
+        (wheels / "tools" / "tool-1.0-py3-none-any.whl").write_bytes(b"")
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "CALLS": str(tmp_path / "calls.txt"),
@@ -59,3 +63,13 @@ def test_a_failing_install_still_stops_the_caller(tmp_path: Path) -> None:
     done = _source_for_install(tmp_path, "echo next command", FAILING_PIP)
     assert done.returncode == 3
     assert "next command" not in done.stdout
+
+
+def test_a_benchmark_call_may_leave_the_tools_out(tmp_path: Path) -> None:
+    """Without WHEELS/tools the install takes the wheels that are there and nothing else."""
+    done = _source_for_install(tmp_path, "echo installed", RECORDING_PIP, with_tools=False)
+    assert done.returncode == 0, done.stderr
+    assert "installed" in done.stdout
+    calls = (tmp_path / "calls.txt").read_text()
+    assert "dep-1.0-py3-none-any.whl" in calls
+    assert str(tmp_path / "wheels" / "tools") not in calls
