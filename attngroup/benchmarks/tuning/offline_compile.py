@@ -256,9 +256,7 @@ def compile_variant(case: Case, variant: Variant) -> dict[str, object]:
     from attngroup.benchmarks.case_launch import heuristic_launch_config
 
     tensors = case_tensors(case)
-    current = plan_offline(case, tensors, None)
-    config = variant.config(heuristic_launch_config(case))
-    plan = current if config is None else plan_offline(case, tensors, config)
+    plan = plan_offline(case, tensors, variant.config(heuristic_launch_config(case)))
     merge = merge_kernel(plan, tensors)
     attention = attention_kernel(plan, tensors)
     return {
