@@ -11,7 +11,7 @@ dir=${WHEELS:-.whl}
 site=${SITE:-/tmp/agc-site}
 wheels=("$dir"/*.whl)
 # DIR/tools (nox, import-linter, ...) is what the suites need; a benchmark call may leave it out
-# (12 MB of the 64 MiB a GPU call carries).
+# (6.6 MB of the 64 MiB a GPU call carries).
 if [ -d "$dir/tools" ]; then wheels+=("$dir"/tools/*.whl); fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "${wheels[@]}"
 for archive in "$dir"/*.tar.xz; do
