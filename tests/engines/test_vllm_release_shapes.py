@@ -242,7 +242,11 @@ def test_the_suite_skips_a_config_the_release_refuses(tmp_path, switch):
     write_fake_vllm(tmp_path, SHAPES["0.21"])
     repo = Path(__file__).resolve().parents[2]
     environment = dict(os.environ) | {
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(repo)]),
+        # the stand-in first; the caller's path after it (the GPU machine's wheels and this
+        # project's pytest plugin live there, in a --target folder)
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(tmp_path), str(repo), os.environ.get("PYTHONPATH")])
+        ),
         "VLLM_USE_V2_MODEL_RUNNER": switch,
     }
     done = subprocess.run(
