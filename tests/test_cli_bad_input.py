@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.pytest_subprocess import python_path
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORRUPT_JSON = '{"tests": ['
 
@@ -218,9 +220,7 @@ def test_bad_input_exits_2_with_one_clear_line(case: BadInput, tmp_path: Path) -
     for name in case.inputs:
         (tmp_path / name).write_text(CORRUPT_JSON)
     # No GPU visible, so the missing-device cases hold on GPU machines too.
-    # The checkout first, then whatever the environment adds (a GPU image's wheel folder).
-    python_path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "PYTHONPATH": python_path, "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHONPATH": python_path(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     completed = subprocess.run(
         [sys.executable, "-m", *case.argv],
         cwd=tmp_path,
@@ -247,8 +247,7 @@ def test_a_reader_that_stops_early_is_not_an_error(argv: tuple[str, ...]) -> Non
     ends quietly with exit 0 instead of a BrokenPipeError traceback."""
     read_end, write_end = os.pipe()
     os.close(read_end)  # closed before the command prints anything
-    python_path = os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "PYTHONPATH": python_path, "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHONPATH": python_path(REPO_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     try:
         completed = subprocess.run(
             [sys.executable, "-m", *argv],

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import setuptools
 
+from tests.pytest_subprocess import python_path
+
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 GEMMA4_CONFIG = REPO / "attngroup" / "reference_engine" / "configs" / "gemma-4-E2B-it"
@@ -112,7 +114,7 @@ def test_commands_run_from_a_root_whose_generic_names_are_another_projects(tmp_p
         cwd=tmp_path,
         env={
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": python_path(REPO),
         },
         capture_output=True,
         text=True,

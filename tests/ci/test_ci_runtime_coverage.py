@@ -16,6 +16,7 @@ from attngroup.bugzoo.zoo import copy_tree
 from attngroup.ci.deps.runtime_coverage import node_of_context
 from tests.ci.helpers import RUN_CONFIG, commit_all, init_repo, run_cli
 from tests.json_schemas import assert_matches_schema
+from tests.pytest_subprocess import python_path
 
 GROUPING = """\
 def group_key(layer):
@@ -209,7 +210,7 @@ def test_a_draft_only_line_of_this_repository_puts_the_spec_decode_steps_first(t
         env={
             **os.environ,
             "COVERAGE_FILE": str(data),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": python_path(repo),
         },
         check=False,
     )

@@ -237,16 +237,12 @@ def test_the_suite_skips_a_config_the_release_refuses(tmp_path, switch):
     import os
     import subprocess
 
-    from tests.pytest_subprocess import PYTEST
+    from tests.pytest_subprocess import PYTEST, python_path
 
     write_fake_vllm(tmp_path, SHAPES["0.21"])
     repo = Path(__file__).resolve().parents[2]
     environment = dict(os.environ) | {
-        # the stand-in first; the caller's path after it (the GPU machine's wheels and this
-        # project's pytest plugin live there, in a --target folder)
-        "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(tmp_path), str(repo), os.environ.get("PYTHONPATH")])
-        ),
+        "PYTHONPATH": python_path(tmp_path, repo),  # the stand-in first
         "VLLM_USE_V2_MODEL_RUNNER": switch,
     }
     done = subprocess.run(
