@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -24,6 +25,11 @@ from attngroup import atomic_write
 
 FACTS_VERSION = 2  # 2: imports carry whether they run inside a function
 PARALLEL_THRESHOLD = 128  # fewer misses than this parse faster in-process
+# Workers start as fresh interpreters, not forks: a forked child inherits the caller's CUDA
+# state, and freeing an inherited CUDA tensor there aborts it ("CUDA error: initialization
+# error", seen when a GPU test worker ran check-deps in-process). Starting so costs little
+# beside the parse.
+_WORKER_START = multiprocessing.get_context("spawn")
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
 
 # {"imports": [[level, module, [names] | None, local]], "strings": [...], "templates": [[piece|None]]}
@@ -132,7 +138,7 @@ def cached_map(
     }
     missing = [item for item in keys if item not in results]
     if len(missing) >= PARALLEL_THRESHOLD and (os.cpu_count() or 1) > 1:
-        with ProcessPoolExecutor() as pool:
+        with ProcessPoolExecutor(mp_context=_WORKER_START) as pool:
             results.update(zip(missing, pool.map(compute, missing, chunksize=32), strict=True))
     else:
         results.update((item, compute(item)) for item in missing)
