@@ -1,7 +1,8 @@
 """Repository-wide pytest options: the suites' ``--engine``, ``--device`` and ``--pairs``
 (used in ``attngroup/suites/conftest.py``; declared here so that a run naming no path, such as
 ``pytest -k mtp --pairs FILE``, knows them), and ``--shard INDEX/COUNT``, which runs one
-deterministic slice.
+deterministic slice; and, while several pytest-xdist workers share one GPU, each test hands
+its cached GPU memory back when it ends.
 
 A GPU suite that needs longer than one CI job (or one lent machine) may be split
 across jobs, as Buildkite's ``parallelism`` does: job ``INDEX`` of ``COUNT``
@@ -13,11 +14,14 @@ Tests outside the shard are reported as deselected (the run record says so).
 
 from __future__ import annotations
 
+import sys
 import zlib
+from collections.abc import Iterator
 
 import pytest
 
 from attngroup.reference_engine.pairs.pair_options import PAIRS_ENV, pairs_file_from_env
+from attngroup.reports.pytest_plugin import xdist_workers
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,3 +76,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
     items[:] = kept
+
+
+@pytest.fixture(autouse=True)
+def _release_cached_gpu_memory(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Workers sharing a GPU each keep what torch's caching allocator once reserved, so one
+    worker may hold many GiB a finished test no longer uses while another runs out of memory:
+    hand the cache back after each test when more than one worker shares the device."""
+    yield
+    torch = sys.modules.get("torch")  # a run that never imported torch has no CUDA to release
+    if xdist_workers(request.config) > 1 and torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

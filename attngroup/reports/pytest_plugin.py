@@ -125,13 +125,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     ship ``user_properties`` to the controller)."""
     report = yield
     error = call.excinfo.value if call.excinfo is not None else None
-    # An xdist worker's config says how many workers share the run (an environment variable
-    # would also reach a pytest this test starts in a subprocess).
-    workers = getattr(item.config, "workerinput", {}).get("workercount", 1)
+    workers = xdist_workers(item.config)
     reason = harness_error_reason(error, workers) if report.failed else None
     if reason is not None:
         report.user_properties.append((ADAPTER_ERROR_PROPERTY, reason))
     return report
+
+
+def xdist_workers(config: pytest.Config) -> int:
+    """How many pytest-xdist workers share the run: 1 outside xdist. An xdist worker's config
+    says so (an environment variable would also reach a pytest a test starts in a subprocess)."""
+    return int(getattr(config, "workerinput", {}).get("workercount", 1))
 
 
 def harness_error_reason(error: BaseException | None, workers: int) -> str | None:
