@@ -189,7 +189,8 @@ def _build(args: argparse.Namespace) -> int:
     comparison = inputs.comparison
     print(
         f"wrote {path}: {len(comparison.new_failures)} new failures, "
-        f"{len(comparison.metric_regressions)} metric regressions"
+        f"{len(comparison.metric_regressions)} metric regressions, "
+        f"{len(comparison.harness_errors)} harness errors"
     )
     return EXIT_OK
 

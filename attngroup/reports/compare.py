@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 from attngroup.reports.history import flaky_reasons
 from attngroup.reports.record import (
+    ADAPTER_ERROR,
     FAILING_OUTCOMES,
     PASSING_OUTCOMES,
     Metric,
@@ -30,6 +31,7 @@ COMPARABILITY_KEYS = ("engine", "device")  # environment keys that should match 
 # Comparison's lists of TestChange; all but flaky come from classifying each test alone.
 TEST_LISTS = (
     "new_failures",
+    "harness_errors",
     "fixed",
     "still_failing",
     "new_tests",
@@ -127,6 +129,7 @@ class Comparison:
     run: RunRecord
     baseline: RunRecord | None
     new_failures: tuple[TestChange, ...]
+    harness_errors: tuple[TestChange, ...]  # no verdict on the engine: neither failed nor passed
     fixed: tuple[TestChange, ...]
     still_failing: tuple[TestChange, ...]
     new_tests: tuple[TestChange, ...]
@@ -234,6 +237,8 @@ def _classify(
         if ran_now.outcome in FAILING_OUTCOMES:
             failed_before = ran_before is not None and ran_before.outcome in FAILING_OUTCOMES
             names.append("still_failing" if failed_before else "new_failures")
+        if ran_now.outcome == ADAPTER_ERROR:
+            names.append("harness_errors")
         if (
             ran_now.outcome in PASSING_OUTCOMES
             and ran_before is not None

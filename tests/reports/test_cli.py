@@ -168,7 +168,7 @@ def test_build_with_history_uses_latest_earlier_run(records, tmp_path, capsys):
         )
         == 0
     )
-    assert "1 new failures, 1 metric regressions" in capsys.readouterr().out
+    assert "1 new failures, 1 metric regressions, 0 harness errors" in capsys.readouterr().out
     assert "baseline <code>bbbbbbbb 12-01 00:00:00</code>" in output.read_text()
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from attngroup.reports.compare import TEST_LISTS, Comparison, ThresholdPolicy, compare_runs
+from attngroup.reports.render.summary import format_summary
 from attngroup.reports.selection import selection_from_json
 from tests.reports.records import make_metric, make_run, make_test, noisy_samples
 
@@ -146,6 +147,11 @@ def test_per_metric_threshold(policy, recorded_threshold, verdict):
         pytest.param("passed", None, {"removed_tests"}, id="removed"),
         pytest.param("passed", "deselected", {"not_selected"}, id="deselected"),
         pytest.param("passed", "skipped", {"skipped"}, id="skipped"),
+        pytest.param("passed", "adapter_error", {"harness_errors"}, id="passed-to-harness-error"),
+        pytest.param("failed", "adapter_error", {"harness_errors"}, id="failed-to-harness-error"),
+        pytest.param(
+            None, "adapter_error", {"harness_errors", "new_tests"}, id="new-harness-error"
+        ),
         pytest.param("passed", "passed", set(), id="unchanged"),
     ],
 )
@@ -247,6 +253,21 @@ def test_comparison_json_has_the_documented_keys():
     assert {"name", "baseline", "current", "change", "significant"} <= regression.keys()
     assert regression["change"] == pytest.approx(0.3)
     assert document["regression"] is True
+
+
+def test_a_harness_error_is_listed_with_its_message_and_no_regression():
+    message = "harness error: GPU out of memory with 10 pytest-xdist workers sharing the GPU"
+    baseline = make_run(make_test(GROUPING), make_test(SPEC), run_id="b")
+    current = make_run(make_test(GROUPING, "adapter_error", message=message), make_test(SPEC))
+    comparison = compare_runs(current, baseline)
+    assert not comparison.has_regression
+    summary = format_summary(comparison)
+    assert (
+        f"Harness errors, no verdict on the engine (1):\n  {GROUPING} (passed -> adapter_error)"
+        in summary
+    )
+    assert f"      {message}" in summary.splitlines()
+    assert summary.endswith("Verdict: OK")
 
 
 def test_warns_when_engine_differs_from_baseline():

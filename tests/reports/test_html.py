@@ -104,3 +104,15 @@ def test_report_without_baseline_lists_failures():
     assert "Failures (no baseline to compare with)" in html
     assert HOSTILE_ID not in html
     assert "a.py::test_x" in html
+
+
+def test_a_harness_error_has_its_own_change_group():
+    baseline = make_run(make_test("a.py::test_x"), run_id="b")
+    run = make_run(make_test("a.py::test_x", "adapter_error", message="harness error: planted"))
+    html = render_report(compare_runs(run, baseline))
+    changes = html[html.index('<section id="changes">') : html.index('<section id="matrix">')]
+    group = changes[changes.index("Harness errors: no verdict on the engine") :]
+    group = group[: group.index("</details>")]
+    assert '<span class="count">1</span>' in group
+    assert "a.py::test_x" in group
+    assert "harness error: planted" in group

@@ -59,6 +59,9 @@ def format_summary(comparison: Comparison) -> str:
         "New failures" if baseline else "Failures", comparison.new_failures, _test_line
     )
     lines += _section("Metric regressions", comparison.metric_regressions, _metric_line)
+    lines += _section(
+        "Harness errors, no verdict on the engine", comparison.harness_errors, _test_line
+    )
     lines += _section("Fixed", comparison.fixed, _test_line)
     lines += _section("Still failing", comparison.still_failing, _test_line)
     lines += _section("Flaky", comparison.flaky, _test_line)
