@@ -116,3 +116,6 @@ def test_a_harness_error_has_its_own_change_group():
     assert '<span class="count">1</span>' in group
     assert "a.py::test_x" in group
     assert "harness error: planted" in group
+    badge = '<span class="badge outcome-adapter_error">harness error</span>'
+    assert badge in group  # the outcome in words, in the list
+    assert f'<li class="summary-item">{badge} 1</li>' in html  # and in the banner's counts

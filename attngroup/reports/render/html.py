@@ -15,7 +15,7 @@ from markupsafe import Markup
 
 from attngroup.reports.compare import Comparison
 from attngroup.reports.history import History, previous_runs
-from attngroup.reports.record import OUTCOMES
+from attngroup.reports.record import ADAPTER_ERROR, OUTCOMES
 from attngroup.reports.render.formatting import (
     format_change,
     format_duration,
@@ -28,8 +28,11 @@ from attngroup.reports.selection import SelectionContext
 
 TEMPLATES = Path(__file__).parent / "templates"
 FIELD_COLUMNS = ("pair", "backend", "dtype", "policy", "tp", "k")
+# A badge's words where they are not the outcome's name.
+OUTCOME_LABELS = {ADAPTER_ERROR: SHORT_OUTCOMES[ADAPTER_ERROR]}
 CHANGE_LABELS = (  # comparison list -> label in the all-tests table; first match wins
     ("new_failures", "new failure"),
+    ("harness_errors", "harness error"),
     ("fixed", "fixed"),
     ("still_failing", "still failing"),
     ("flaky", "flaky"),
@@ -78,6 +81,7 @@ def render_report(
             selection=selection,
             matrix=build_matrix(comparison),
             short_outcomes=SHORT_OUTCOMES,
+            outcome_labels=OUTCOME_LABELS,
             history=history,
             metric_trends=metric_trends(timeline),
             outcome_trend=outcome_trend(timeline),
