@@ -24,9 +24,9 @@ CALLER = textwrap.dedent(
         os.register_at_fork(after_in_child=lambda: os._exit(70))
         os.cpu_count = lambda: 2  # the pool path even on a one-core machine
         items = [str(index) for index in range({PARALLEL_THRESHOLD})]
-        squares = parse_cache.cached_map(None, {{item: item for item in items}}, len, bool)
-        assert squares == {{item: len(item) for item in items}}, squares
-        print("parsed", len(squares))
+        lengths = parse_cache.cached_map(None, {{item: item for item in items}}, len, bool)
+        assert lengths == {{item: len(item) for item in items}}, lengths
+        print("parsed", len(lengths))
 
     if __name__ == "__main__":
         main()
