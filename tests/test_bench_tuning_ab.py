@@ -102,3 +102,16 @@ def test_rows_per_program_enter_an_entry_only_from_a_variant_that_sets_them() ->
     }
     assert options[(True, 8)]["block_m"] == 16
     assert "block_m" not in options[(False, None)]
+
+
+def test_a_forced_path_is_the_variants_and_never_a_candidate() -> None:
+    """A variant that forces the 2D launch keeps its path, and however fast it is, no tuned
+    entry is proposed from it (the path is select_path's decision)."""
+    from attngroup.benchmarks.tuning.ab import find_case
+
+    case = find_case(E2B_DECODE)
+    forced = next(variant for variant in VARIANTS if variant.path == "2d")
+    assert forced.launch_path(case) == "2d"
+    assert Variant(CURRENT).launch_path(case) == "3d"
+    report = _report(**{forced.name: (0.5, 0.5, 0.5)})
+    assert {entry["variant"] for entry in candidates(report)} == {CURRENT}

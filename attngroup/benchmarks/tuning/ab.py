@@ -33,7 +33,7 @@ from attngroup.benchmarks.cli import argument_parser
 
 if TYPE_CHECKING:  # torch, triton and the kernels load after the arguments are parsed
     from attngroup.benchmarks.attention_cases import Case
-    from attngroup.kernels.ops.triton_launch_config import LaunchConfig
+    from attngroup.kernels.ops.triton_launch_config import LaunchConfig, LaunchKind
 
 CURRENT = "current"
 FASTER_BY = 0.995
@@ -44,11 +44,20 @@ one variant in one process, about 0.3 % on the H200)."""
 
 @dataclass(frozen=True)
 class Variant:
-    """Fields replaced in the heuristic's config; ``tile_divisor`` divides its tile size."""
+    """Fields replaced in the heuristic's config; ``tile_divisor`` divides its tile size;
+    ``path`` forces the launch kind (None: the launcher's for the case). A variant with a
+    forced path is never a candidate: the path is ``select_path``'s decision, not an option
+    of the tuned tables."""
 
     name: str
     fields: Mapping[str, Any] = field(default_factory=dict)
     tile_divisor: int = 1
+    path: LaunchKind | None = None
+
+    def launch_path(self, case: Case) -> LaunchKind:
+        from attngroup.benchmarks.case_launch import triton_path
+
+        return self.path or triton_path(case)
 
     def config(self, heuristic: LaunchConfig) -> LaunchConfig | None:
         """The variant's config (None for ``current``: the launcher's own choice)."""
@@ -111,6 +120,15 @@ VARIANTS = (
             f"tma-prefetch-stages-3-registers-{cap}", {**TMA_PREFETCH_3, "max_registers": cap}, 4
         )
         for cap in (168, 128)
+    ),
+    # No split: one program per (q-block, KV head) over the whole range, no merge kernel and
+    # no scratch, where the 2D grid has about one program per SM (the e4b at 64 x 8k and
+    # Llama at 16 x 32k: 128); a single program per SM leaves shared memory for more stages.
+    Variant("2d", path="2d"),
+    Variant("2d-stages-4", {"num_stages": 4}, path="2d"),
+    *(
+        Variant(f"tma-prefetch-stages-{stages}-2d", {**TMA_PREFETCH, "num_stages": stages}, 4, "2d")
+        for stages in (3, 4, 5)
     ),
 )
 WORST_CASES = (
@@ -186,10 +204,9 @@ class CaseBench:
             self.scratch,
         )
 
-    def plan(self, config: LaunchConfig | None):
+    def plan(self, config: LaunchConfig | None, path: LaunchKind):
         from functools import partial
 
-        from attngroup.benchmarks.case_launch import triton_path
         from attngroup.kernels.ops.triton_launch_plan import plan_launch
         from attngroup.kernels.ops.triton_unified_attention import wave_slots_of
 
@@ -200,15 +217,16 @@ class CaseBench:
             max_seq_len=case.context_len,
             sm_scale=case.shape.head_size**-0.5,
             wave_slots=partial(wave_slots_of, tensors),
-            path=triton_path(case),
+            path=path,
             config=config,
         )
 
-    def launcher(self, config: LaunchConfig | None):
-        """The launch of one config's plan (planned once, as a captured step would)."""
+    def launcher(self, variant: Variant):
+        """The launch of one variant's plan (planned once, as a captured step would)."""
         from attngroup.kernels.ops.triton_unified_attention import launch
 
-        plan, tensors = self.plan(config), self.tensors()
+        plan = self.plan(variant.config(self.heuristic()), variant.launch_path(self.case))
+        tensors = self.tensors()
         return lambda: launch(plan, tensors)
 
     def error(self, run) -> float:
@@ -229,7 +247,7 @@ def compile_variant(case_name: str, variant_name: str) -> None:
     bench = CaseBench(find_case(case_name), torch.device("cuda"))
     variant = next(variant for variant in VARIANTS if variant.name == variant_name)
     try:
-        bench.launcher(variant.config(bench.heuristic()))()
+        bench.launcher(variant)()
         torch.cuda.synchronize()
     except Exception as error:  # refused configs are reported by the timing process
         print(f"compile {case_name} {variant_name}: {type(error).__name__}", file=sys.stderr)
@@ -260,17 +278,17 @@ def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flu
     runnable = {}
     rows: dict[str, dict[str, object]] = {}  # variant name -> its JSON row
     for variant in variants:
-        config = variant.config(heuristic)
         try:
-            run = bench.launcher(config)
+            run = bench.launcher(variant)
             error = bench.error(run)
         except Exception as exc:  # a config the compiler or the smem budget refuses
             rows[variant.name] = {"variant": variant.name, "refused": f"{type(exc).__name__}"}
             continue
-        plan = bench.plan(config)
+        plan = bench.plan(variant.config(heuristic), variant.launch_path(case))
         registers, shared = kernel_resources(plan, bench.tensors())
         rows[variant.name] = {
             "variant": variant.name,
+            "path": plan.path,
             "config": plan.config.__dict__,
             "registers": registers,
             "shared_bytes": shared,
@@ -354,7 +372,8 @@ def _best_variant(report: Mapping[str, list[dict]], names: list[str]) -> tuple[s
     lowest geometric mean of its ratios, that mean and its options; else ``current``."""
     best, best_mean, options = CURRENT, 1.0, {}
     variants = {row["variant"] for name in names for row in report[name]}
-    for variant in sorted(variants - {CURRENT}):
+    forced_paths = {v.name for v in VARIANTS if v.path is not None}
+    for variant in sorted(variants - {CURRENT} - forced_paths):
         rows = [row for name in names for row in report[name] if row["variant"] == variant]
         ratios = [row.get("over_current", math.inf) for row in rows if row.get("correct")]
         if len(ratios) != len(names) or max(ratios) > FASTER_BY:

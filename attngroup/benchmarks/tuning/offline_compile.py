@@ -30,7 +30,7 @@ from attngroup.benchmarks.cli import argument_parser
 if TYPE_CHECKING:  # torch, triton and the kernels load after the arguments are parsed
     from attngroup.benchmarks.attention_cases import Case
     from attngroup.benchmarks.tuning.ab import Variant
-    from attngroup.kernels.ops.triton_launch_config import LaunchConfig
+    from attngroup.kernels.ops.triton_launch_config import LaunchConfig, LaunchKind
     from attngroup.kernels.ops.triton_launch_plan import AttentionTensors, LaunchPlan
 
 SM90 = ("cuda", 90, 32)
@@ -199,10 +199,11 @@ def case_tensors(case: Case) -> AttentionTensors:
     )
 
 
-def plan_offline(case: Case, tensors: AttentionTensors, config: LaunchConfig | None) -> LaunchPlan:
-    """The launcher's plan for the case (``config=None``: its own choice), its segments fitted
-    to whole H200 waves of the offline-compiled kernel."""
-    from attngroup.benchmarks.case_launch import triton_path
+def plan_offline(
+    case: Case, tensors: AttentionTensors, config: LaunchConfig | None, path: LaunchKind
+) -> LaunchPlan:
+    """The launcher's plan for the case on ``path`` (``config=None``: its own choice), its
+    segments fitted to whole H200 waves of the offline-compiled kernel."""
     from attngroup.kernels.ops.triton_launch_plan import plan_launch
     from attngroup.kernels.ops.triton_occupancy import H200_SMS
 
@@ -217,7 +218,7 @@ def plan_offline(case: Case, tensors: AttentionTensors, config: LaunchConfig | N
         max_seq_len=case.context_len,
         sm_scale=case.shape.head_size**-0.5,
         wave_slots=wave_slots,
-        path=triton_path(case),
+        path=path,
         config=config,
     )
     assert plan is not None  # a benchmark case always has tokens
@@ -256,7 +257,8 @@ def compile_variant(case: Case, variant: Variant) -> dict[str, object]:
     from attngroup.benchmarks.case_launch import heuristic_launch_config
 
     tensors = case_tensors(case)
-    plan = plan_offline(case, tensors, variant.config(heuristic_launch_config(case)))
+    config = variant.config(heuristic_launch_config(case))
+    plan = plan_offline(case, tensors, config, variant.launch_path(case))
     merge = merge_kernel(plan, tensors)
     attention = attention_kernel(plan, tensors)
     return {
