@@ -3,6 +3,7 @@ through the Triton interpreter), and its bad-input exits."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -13,12 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from attngroup.benchmarks import attention_runner
 from attngroup.benchmarks.attention_cases import SHAPES, Case, cases
 from attngroup.benchmarks.attention_runner import ratio_metrics
 from attngroup.benchmarks.backend_names import BACKENDS, MAX_RELATIVE_ERROR
 from attngroup.benchmarks.bench_attention import parse_args
 from attngroup.benchmarks.flashinfer_sweep import configs_for, table_choice
-from attngroup.benchmarks.timing import Timing
+from attngroup.benchmarks.timing import (
+    INTERLEAVED_ROUNDS,
+    ROUND_WARMUP,
+    Timing,
+    time_interleaved,
+)
 from attngroup.benchmarks.vllm_triton_peer import KERNEL_DIR_VARIABLE, kernel_dir, missing_reason
 from attngroup.kernels.registry import BACKEND_PATHS, UnknownBackendError, get_backend
 from attngroup.reports.record import load_record
@@ -281,3 +288,59 @@ def test_flashinfer_sweep_covers_every_configuration_that_can_run(
     assert [config.describe() for config in configs_for(case)] == expected
     assert table_choice(case).describe() == table
     assert table_choice(case) in configs_for(case)
+
+
+class FakeTimer:
+    """Records each timing call; a launch's samples are its name's number, so the joined
+    samples show which calls they came from."""
+
+    def __init__(self, names: dict[object, str]) -> None:
+        self.names = names
+        self.calls: list[tuple[str, int, int]] = []
+
+    def __call__(self, run, *, warmup: int, runs: int, flush) -> Timing:
+        name = self.names.get(run, "launch")
+        run()
+        self.calls.append((name, warmup, runs))
+        return Timing((float(len(self.calls)),) * runs)
+
+
+def test_interleaved_rounds_rotate_the_order_and_join_the_samples() -> None:
+    launches = {name: (lambda: None) for name in "abc"}
+    timer = FakeTimer({run: name for name, run in launches.items()})
+    timings = time_interleaved(
+        launches, total_runs=7, warmup=4, flush=torch.empty(0), rounds=3, timer=timer
+    )
+    assert [name for name, _, _ in timer.calls] == list("abcbcacab")
+    assert [warmup for _, warmup, _ in timer.calls] == [4, 4, 4] + [ROUND_WARMUP] * 6
+    assert {runs for _, _, runs in timer.calls} == {3}  # ceil(7 / 3) per round
+    assert timings["a"].samples_us == (1.0,) * 3 + (6.0,) * 3 + (8.0,) * 3
+    with pytest.raises(ValueError, match="total_runs >= max"):
+        time_interleaved(launches, total_runs=2, warmup=1, flush=torch.empty(0), rounds=3)
+
+
+def test_the_timed_path_checks_then_times_every_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timed (not dry) path end to end on the CPU with a fake clock: each launch checked
+    against the oracle, then timed in interleaved rounds, its metrics written."""
+    selection = ["--shapes", "gemma4-e2b-sliding-d256", "--contexts", "b3x80"]
+    selection += ["--modes", "decode,verify", "--device", "cpu", "--runs", "20"]
+    args = parse_args(["--dry-run", "--tiny", "--backends", "triton", *selection])
+    args.dry_run = False
+    timer = FakeTimer({})
+    monkeypatch.setattr(
+        attention_runner, "time_interleaved", functools.partial(time_interleaved, timer=timer)
+    )
+    monkeypatch.setattr(
+        attention_runner, "copy_bandwidth", lambda *_, **__: (Timing((1.0, 1.0)), 3e12)
+    )
+    monkeypatch.setattr(attention_runner, "l2_flush_buffer", lambda device: torch.empty(0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a fake clock")
+    metrics, status = attention_runner.run_cases(args, torch.device("cpu"))
+    assert status == 0
+    values = {metric.name: metric for metric in metrics}
+    for mode in ("decode", "verify"):
+        prefix = f"{mode}.gemma4-e2b-sliding-d256.b3x80.triton"
+        assert values[f"{prefix}.relative_error"].value < MAX_RELATIVE_ERROR
+        assert len(values[f"{prefix}.latency"].samples) == 20  # 5 rounds of 4
+        assert values[f"{prefix}.fraction_of_copy_bandwidth"].value > 0
+    assert len(timer.calls) == 2 * INTERLEAVED_ROUNDS

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
 from pathlib import Path
@@ -33,7 +33,7 @@ from attngroup.benchmarks.timing import (
     copy_bandwidth,
     cuda_graph_replay,
     l2_flush_buffer,
-    time_cuda,
+    time_interleaved,
 )
 from attngroup.benchmarks.vllm_triton_peer import (
     VllmTritonPeerBackend,
@@ -201,110 +201,164 @@ def print_row(
     )
 
 
-def graph_replay_metrics(
+@dataclass(frozen=True)
+class CaseLaunch:
+    """One launch of a case: a backend's, or (``config``) one FlashInfer configuration of the
+    sweep, whose fastest correct one is the peer ``flashinfer``."""
+
+    run: BackendRun
+    config: WrapperChoice | None = None
+
+    @property
+    def key(self) -> str:
+        return self.run.backend if self.config is None else f"flashinfer:{config_slug(self.config)}"
+
+
+CANNOT_RUN = (RuntimeError, ValueError, NotImplementedError)
+"""What a FlashInfer configuration raises for a case it cannot run (printed, then left out)."""
+
+
+def prepare_launches(
+    backend_names: Sequence[str], case: Case, common, cache: KVCache, query, device
+) -> list[CaseLaunch]:
+    """Every backend's launch of the case; for FlashInfer, every configuration that can run
+    it (``flashinfer_sweep``)."""
+    launches = []
+    for name in backend_names:
+        if name != "flashinfer":
+            launches.append(CaseLaunch(prepare(name, case, common, cache, query, device)))
+            continue
+        for config in configs_for(case):
+            try:
+                run = prepare(
+                    "flashinfer", case, common, cache, query, device, wrapper_choice=config
+                )
+            except CANNOT_RUN as error:
+                print(
+                    f"{case.name} flashinfer {config.describe()}: cannot run: {error}",
+                    file=sys.stderr,
+                )
+                continue
+            launches.append(CaseLaunch(run, config))
+    return launches
+
+
+def oracle_errors(
+    launches: Sequence[CaseLaunch], case: Case, common, cache: KVCache, query
+) -> dict[str, float]:
+    """Each launch run once on a NaN-poisoned output and its relative error against the
+    oracle (NaN where an element was left unwritten); a FlashInfer configuration that raises
+    is printed and left out, any other launch's error propagates."""
+    errors = {}
+    for launch in launches:
+        launch.run.output.fill_(float("nan"))
+        try:
+            launch.run.run()
+        except CANNOT_RUN as error:
+            if launch.config is None:
+                raise
+            print(
+                f"{case.name} flashinfer {launch.config.describe()}: cannot run: {error}",
+                file=sys.stderr,
+            )
+            continue
+        errors[launch.key] = check_against_oracle(launch.run, case, common, cache, query)
+    return errors
+
+
+def flashinfer_at_its_best(
+    case: Case,
+    launches: Sequence[CaseLaunch],
+    errors: Mapping[str, float],
+    timings: Mapping[str, Timing],
+    copy_bw: float | None,
+) -> tuple[CaseLaunch | None, list[Metric]]:
+    """The sweep's fastest correct configuration (the first correct one when nothing was
+    timed; None when none was correct) and the per-configuration metrics
+    (``flashinfer.config_SLUG_latency`` and ``_error``, and the backend table's choice over the
+    best as ``flashinfer.table_choice_over_best``)."""
+    metrics: list[Metric] = []
+    prefix = f"{case.name}.flashinfer"
+    swept = [launch for launch in launches if launch.config is not None and launch.key in errors]
+    for launch in swept:
+        assert launch.config is not None  # the sweep's launches carry their configuration
+        slug = config_slug(launch.config)
+        error, timing = errors[launch.key], timings.get(launch.key)
+        metrics.append(Metric(f"{prefix}.config_{slug}_error", error, "ratio", [], False))
+        if timing is not None:
+            samples = list(timing.samples_us)
+            metrics.append(
+                Metric(f"{prefix}.config_{slug}_latency", timing.median_us, "us", samples, False)
+            )
+        note = "" if error < MAX_RELATIVE_ERROR else f"  WRONG (relative error {error:.2e})"
+        print_row(case, replace(launch.run, backend="fi-config"), timing, copy_bw, note)
+    correct = [launch for launch in swept if errors[launch.key] < MAX_RELATIVE_ERROR]
+    if not correct:
+        return None, metrics
+    best = min(correct, key=lambda launch: _median(timings, launch.key))
+    chosen = next((launch for launch in swept if launch.config == table_choice(case)), None)
+    if chosen is not None and chosen.key in timings and best.key in timings:
+        ratio = timings[chosen.key].median_us / timings[best.key].median_us
+        metrics.append(Metric(f"{prefix}.table_choice_over_best", ratio, "ratio", [], False))
+    return best, metrics
+
+
+def _median(timings: Mapping[str, Timing], key: str) -> float:
+    return timings[key].median_us if key in timings else 0.0
+
+
+def graph_replays(
     args: argparse.Namespace,
     case: Case,
-    run: BackendRun,
+    chosen: Mapping[str, CaseLaunch],
     common,
     cache: KVCache,
     query: torch.Tensor,
     flush: torch.Tensor | None,
     copy_bw: float | None,
 ) -> tuple[list[Metric], bool]:
-    """The backend's kernels replayed from a CUDA graph: checked against the oracle on a
-    poisoned output, then (unless --dry-run) timed like the eager launch; returns the metrics
-    and whether the replay matched the oracle."""
-    try:
-        replay = cuda_graph_replay(run.run)
-    except RuntimeError as error:  # a backend whose launch cannot be captured: a failed case
-        print(f"{case.name} {run.backend}: CUDA graph capture failed: {error}", file=sys.stderr)
-        return [], False
-    run.output.fill_(float("nan"))
-    replay()
-    relative_error = check_against_oracle(run, case, common, cache, query)
-    prefix = f"{case.name}.{run.backend}"
-    metrics = [Metric(f"{prefix}.graph_relative_error", relative_error, "ratio", [], False)]
-    if not relative_error < MAX_RELATIVE_ERROR:
-        print(
-            f"{case.name} {run.backend} (CUDA graph): relative error {relative_error:.2e}",
-            file=sys.stderr,
-        )
-    timing = None
-    if not args.dry_run:
-        assert flush is not None, "runs that are timed have an L2 flush buffer"
-        timing = time_cuda(replay, warmup=args.warmup, runs=args.runs, flush=flush)
-        samples = list(timing.samples_us)
-        metrics.append(Metric(f"{prefix}.graph_latency", timing.median_us, "us", samples, False))
-    print_row(case, replace(run, path=f"{run.path} graph"), timing, copy_bw)
-    return metrics, relative_error < MAX_RELATIVE_ERROR
-
-
-@dataclass(frozen=True)
-class Measured:
-    """A backend's run of one case: timed (unless --dry-run) and checked against the oracle."""
-
-    run: BackendRun
-    timing: Timing | None
-    error: float
-
-
-def measure(args, run: BackendRun, case: Case, common, cache: KVCache, query, flush) -> Measured:
-    timing = None
-    if args.dry_run:
-        run.run()
-    else:
-        timing = time_cuda(run.run, warmup=args.warmup, runs=args.runs, flush=flush)
-    return Measured(run, timing, check_against_oracle(run, case, common, cache, query))
-
-
-def flashinfer_at_its_best(
-    args, case: Case, common, cache: KVCache, query, device, flush, copy_bw
-) -> tuple[Measured | None, list[Metric]]:
-    """Every FlashInfer configuration that can run the case (``flashinfer_sweep``), each
-    timed and checked; returns the fastest correct one (None if none was correct) and the
-    per-configuration metrics (``flashinfer.config_SLUG_latency`` and ``_error``, and the
-    backend table's choice over the best as ``flashinfer.table_choice_over_best``)."""
-    measured: dict[WrapperChoice, Measured] = {}
+    """Each chosen launch replayed from a CUDA graph: checked against the oracle on a poisoned
+    output, then (unless --dry-run) the replays timed in interleaved rounds like the eager
+    launches; returns the metrics and whether every replay was captured and matched."""
+    replays: dict[str, Callable[[], None]] = {}
     metrics: list[Metric] = []
-    prefix = f"{case.name}.flashinfer"
-    for config in configs_for(case):
+    ok = True
+    for name, launch in chosen.items():
         try:
-            run = prepare("flashinfer", case, common, cache, query, device, wrapper_choice=config)
-            result = measure(args, run, case, common, cache, query, flush)
-        except (RuntimeError, ValueError, NotImplementedError) as error:
+            replay = cuda_graph_replay(launch.run.run)
+        except RuntimeError as capture_error:  # a launch that cannot be captured: a failed case
             print(
-                f"{case.name} flashinfer {config.describe()}: cannot run: {error}", file=sys.stderr
+                f"{case.name} {name}: CUDA graph capture failed: {capture_error}", file=sys.stderr
             )
+            ok = False
             continue
-        measured[config] = result
-        slug = config_slug(config)
-        metrics.append(Metric(f"{prefix}.config_{slug}_error", result.error, "ratio", [], False))
-        if result.timing is not None:
-            samples = list(result.timing.samples_us)
-            metrics.append(
-                Metric(
-                    f"{prefix}.config_{slug}_latency", result.timing.median_us, "us", samples, False
-                )
-            )
-        note = (
-            ""
-            if result.error < MAX_RELATIVE_ERROR
-            else f"  WRONG (relative error {result.error:.2e})"
+        launch.run.output.fill_(float("nan"))
+        replay()
+        relative_error = check_against_oracle(launch.run, case, common, cache, query)
+        metrics.append(
+            Metric(f"{case.name}.{name}.graph_relative_error", relative_error, "ratio", [], False)
         )
-        print_row(case, replace(result.run, backend="fi-config"), result.timing, copy_bw, note)
-    correct = {
-        config: result for config, result in measured.items() if result.error < MAX_RELATIVE_ERROR
-    }
-    if not correct:
-        return None, metrics
-    best = min(
-        correct.values(), key=lambda result: result.timing.median_us if result.timing else 0.0
-    )
-    chosen = measured.get(table_choice(case))
-    if chosen is not None and chosen.timing is not None and best.timing is not None:
-        ratio = chosen.timing.median_us / best.timing.median_us
-        metrics.append(Metric(f"{prefix}.table_choice_over_best", ratio, "ratio", [], False))
-    return best, metrics
+        if not relative_error < MAX_RELATIVE_ERROR:
+            print(
+                f"{case.name} {name} (CUDA graph): relative error {relative_error:.2e}",
+                file=sys.stderr,
+            )
+            ok = False
+        replays[name] = replay
+    timings: dict[str, Timing] = {}
+    if not args.dry_run and replays:
+        assert flush is not None, "runs that are timed have an L2 flush buffer"
+        timings = time_interleaved(replays, total_runs=args.runs, warmup=args.warmup, flush=flush)
+    for name in replays:
+        timing = timings.get(name)
+        if timing is not None:
+            samples = list(timing.samples_us)
+            metrics.append(
+                Metric(f"{case.name}.{name}.graph_latency", timing.median_us, "us", samples, False)
+            )
+        run = chosen[name].run
+        print_row(case, replace(run, path=f"{run.path} graph"), timing, copy_bw)
+    return metrics, ok
 
 
 def ratio_metrics(case: Case, timings: dict[str, Timing]) -> list[Metric]:
@@ -335,7 +389,11 @@ def available(backend_names: Sequence[str], device: torch.device) -> list[str]:
 def run_cases(
     args: argparse.Namespace, device: torch.device, record: RecordWriter | None = None
 ) -> tuple[list[Metric], int]:
-    """Time (or, for --dry-run, run once) every case; returns the metrics and the exit status."""
+    """Time (or, for --dry-run, run once) every case; returns the metrics and the exit status.
+
+    Per case every launch (each backend, each FlashInfer configuration) is first run once and
+    checked against the oracle, then all are timed together in interleaved rounds
+    (``time_interleaved``), so no backend is the one always timed first."""
     metrics: list[Metric] = []
     status = 0
     flush = copy_bw = None
@@ -364,41 +422,49 @@ def run_cases(
             dtype=DTYPE,
         )
         common = step_metadata(case, cache.block_table, device)
-        timings = {}
-        for name in backend_names:
-            if name == "flashinfer":
-                result, sweep_metrics = flashinfer_at_its_best(
-                    args, case, common, cache, query, device, flush, copy_bw
+        launches = prepare_launches(backend_names, case, common, cache, query, device)
+        errors = oracle_errors(launches, case, common, cache, query)
+        launches = [launch for launch in launches if launch.key in errors]
+        timings: dict[str, Timing] = {}
+        if not args.dry_run:
+            assert flush is not None, "runs that are timed have an L2 flush buffer"
+            timings = time_interleaved(
+                {launch.key: launch.run.run for launch in launches},
+                total_runs=args.runs,
+                warmup=args.warmup,
+                flush=flush,
+            )
+        best, sweep_metrics = flashinfer_at_its_best(case, launches, errors, timings, copy_bw)
+        metrics.extend(sweep_metrics)
+        chosen = {launch.key: launch for launch in launches if launch.config is None}
+        if "flashinfer" in backend_names:
+            if best is None:
+                print(
+                    f"{case.name} flashinfer: no configuration matched the oracle", file=sys.stderr
                 )
-                metrics.extend(sweep_metrics)
-                if result is None:
-                    print(
-                        f"{case.name} flashinfer: no configuration matched the oracle",
-                        file=sys.stderr,
-                    )
-                    status = 1
-                    continue
+                status = 1
             else:
-                run = prepare(name, case, common, cache, query, device)
-                result = measure(args, run, case, common, cache, query, flush)
-            run, error = result.run, result.error
-            if result.timing is not None:
-                timings[name] = result.timing
+                chosen["flashinfer"] = best
+        chosen = {name: chosen[name] for name in backend_names if name in chosen}
+        backend_timings = {}
+        for name, launch in chosen.items():
+            error, timing = errors[launch.key], timings.get(launch.key)
             metrics.append(Metric(f"{case.name}.{name}.relative_error", error, "ratio", [], False))
             if not error < MAX_RELATIVE_ERROR:
                 print(f"{case.name} {name}: relative error {error:.2e}", file=sys.stderr)
                 status = 1
-            print_row(case, run, timings.get(name), copy_bw)
-            if name in timings:
+            print_row(case, launch.run, timing, copy_bw)
+            if timing is not None:
                 assert copy_bw is not None, "runs that are timed have the copy bandwidth"
-                metrics.extend(backend_metrics(case, run, timings[name], copy_bw))
-            if args.cuda_graph:
-                graph_metrics, graph_ok = graph_replay_metrics(
-                    args, case, run, common, cache, query, flush, copy_bw
-                )
-                metrics.extend(graph_metrics)
-                status = status if graph_ok else 1
-        metrics.extend(ratio_metrics(case, timings))
+                backend_timings[name] = timing
+                metrics.extend(backend_metrics(case, launch.run, timing, copy_bw))
+        metrics.extend(ratio_metrics(case, backend_timings))
+        if args.cuda_graph:
+            graph_metrics, graph_ok = graph_replays(
+                args, case, chosen, common, cache, query, flush, copy_bw
+            )
+            metrics.extend(graph_metrics)
+            status = status if graph_ok else 1
         # after every case: a run cut short keeps what it measured
         write_outputs(args, metrics, record)
     return metrics, status

@@ -12,7 +12,10 @@ on a bf16 paged KV cache with shuffled pages (page 16):
 
 for Gemma 4 shapes (head 256 and 512, 1 and 2 KV heads; sliding layers timed over
 the whole context, as full attention) and Llama 3 (32 q / 8 kv / head 128), at
-64 x 8k and 16 x 32k tokens of context. It prints, per case and backend, the
+64 x 8k and 16 x 32k tokens of context. Per case every launch (each backend, each
+FlashInfer configuration) is first run once and checked against the oracle, then all are
+timed in interleaved rounds, the order rotated each round (``timing.time_interleaved``). It
+prints, per case and backend, the
 median latency over the timed runs (L2 flushed before each), the KV bytes read
 per second and their fraction of the device-to-device copy bandwidth measured in
 the same run, p10/p90, and Triton's latency over each peer's and over the

@@ -13,8 +13,9 @@ cost is what ``bench_attention --cuda-graph`` and the engine's step timings meas
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -67,6 +68,55 @@ def time_cuda(run: Callable[[], object], *, warmup: int, runs: int, flush: torch
     return Timing(
         tuple(start.elapsed_time(end) * 1e3 for start, end in zip(starts, ends, strict=True))
     )
+
+
+INTERLEAVED_ROUNDS = 5
+"""Rounds of ``time_interleaved``: each launch's timed runs are split over them."""
+ROUND_WARMUP = 2
+"""Untimed runs before each round's timed ones after the first round (the first takes the
+caller's warm-up)."""
+
+Key = TypeVar("Key", bound=Hashable)
+
+
+class Timer(Protocol):
+    def __call__(
+        self, run: Callable[[], object], *, warmup: int, runs: int, flush: torch.Tensor
+    ) -> Timing: ...
+
+
+def time_interleaved(
+    launches: Mapping[Key, Callable[[], object]],
+    *,
+    total_runs: int,
+    warmup: int,
+    flush: torch.Tensor,
+    rounds: int = INTERLEAVED_ROUNDS,
+    timer: Timer = time_cuda,
+) -> dict[Key, Timing]:
+    """Each launch timed in ``rounds`` rounds of ``ceil(total_runs / rounds)`` runs, the order
+    of the launches rotated by one each round, their samples joined into one ``Timing`` each.
+
+    Timed one backend after the other, our kernel timed first in each case ran up to 2.9 us
+    (0.8 %) slower than when timed after FlashInfer on the H100
+    (``h100-2026-12-05-flashinfer-first-matrix.txt`` against ``-head512-graph-matrix.txt``);
+    rotating the order in rounds spreads such drift over every launch alike, as
+    ``tuning.ab`` does for its variants.
+    """
+    if rounds < 1 or total_runs < max(rounds, 2):
+        raise ValueError(
+            f"need rounds >= 1 and total_runs >= max(rounds, 2); got {rounds}, {total_runs}"
+        )
+    runs_per_round = -(-total_runs // rounds)
+    keys = list(launches)
+    samples: dict[Key, list[float]] = {key: [] for key in keys}
+    for round_index in range(rounds):
+        shift = round_index % len(keys) if keys else 0
+        for key in keys[shift:] + keys[:shift]:
+            round_warmup = warmup if round_index == 0 else ROUND_WARMUP
+            timing = timer(launches[key], warmup=round_warmup, runs=runs_per_round, flush=flush)
+            samples[key].extend(timing.samples_us)
+    return {key: Timing(tuple(values)) for key, values in samples.items()}
 
 
 def cuda_graph_replay(run: Callable[[], object]) -> Callable[[], None]:

@@ -270,7 +270,7 @@ def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flu
     import torch
 
     from attngroup.benchmarks.backend_names import MAX_RELATIVE_ERROR
-    from attngroup.benchmarks.timing import Timing, time_cuda
+    from attngroup.benchmarks.timing import ROUND_WARMUP, time_interleaved
     from attngroup.kernels.ops.triton_unified_attention import kernel_resources
 
     bench = CaseBench(case, torch.device("cuda"))
@@ -297,16 +297,11 @@ def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flu
         }
         if error < MAX_RELATIVE_ERROR:
             runnable[variant.name] = run
-    samples: dict[str, list[float]] = {name: [] for name in runnable}
-    for round_index in range(rounds):
-        names = list(runnable)
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            timing = time_cuda(runnable[name], warmup=2, runs=runs, flush=flush)
-            samples[name].extend(timing.samples_us)
-    current = statistics.median(samples[CURRENT]) if CURRENT in samples else math.nan
-    for name, values in samples.items():
-        timing = Timing(tuple(values))
+    timings = time_interleaved(
+        runnable, total_runs=rounds * runs, warmup=ROUND_WARMUP, flush=flush, rounds=rounds
+    )
+    current = timings[CURRENT].median_us if CURRENT in timings else math.nan
+    for name, timing in timings.items():
         rows[name].update(
             median_us=timing.median_us,
             p10_us=timing.percentile_us(10),
