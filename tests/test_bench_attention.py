@@ -319,13 +319,18 @@ def test_interleaved_rounds_rotate_the_order_and_join_the_samples() -> None:
         time_interleaved(launches, total_runs=2, warmup=1, flush=torch.empty(0), rounds=3)
 
 
-def test_the_timed_path_checks_then_times_every_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["eager", "with-graph-replays"])
+def test_the_timed_path_checks_then_times_every_launch(
+    monkeypatch: pytest.MonkeyPatch, cuda_graph: bool
+) -> None:
     """The timed (not dry) path end to end on the CPU with a fake clock: each launch checked
-    against the oracle, then timed in interleaved rounds, its metrics written."""
+    against the oracle, then timed in interleaved rounds, its metrics written; with
+    ``--cuda-graph`` (the capture stood in for by the launch itself) the replays checked on a
+    poisoned output and timed as a second set of rounds."""
     selection = ["--shapes", "gemma4-e2b-sliding-d256", "--contexts", "b3x80"]
     selection += ["--modes", "decode,verify", "--device", "cpu", "--runs", "20"]
     args = parse_args(["--dry-run", "--tiny", "--backends", "triton", *selection])
-    args.dry_run = False
+    args.dry_run, args.cuda_graph = False, cuda_graph
     timer = FakeTimer({})
     monkeypatch.setattr(
         attention_runner, "time_interleaved", functools.partial(time_interleaved, timer=timer)
@@ -334,13 +339,18 @@ def test_the_timed_path_checks_then_times_every_launch(monkeypatch: pytest.Monke
         attention_runner, "copy_bandwidth", lambda *_, **__: (Timing((1.0, 1.0)), 3e12)
     )
     monkeypatch.setattr(attention_runner, "l2_flush_buffer", lambda device: torch.empty(0))
+    monkeypatch.setattr(attention_runner, "cuda_graph_replay", lambda run: run)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a fake clock")
     metrics, status = attention_runner.run_cases(args, torch.device("cpu"))
     assert status == 0
     values = {metric.name: metric for metric in metrics}
+    measures = ["latency", "graph_latency"][: 1 + cuda_graph]
     for mode in ("decode", "verify"):
         prefix = f"{mode}.gemma4-e2b-sliding-d256.b3x80.triton"
         assert values[f"{prefix}.relative_error"].value < MAX_RELATIVE_ERROR
-        assert len(values[f"{prefix}.latency"].samples) == 20  # 5 rounds of 4
         assert values[f"{prefix}.fraction_of_copy_bandwidth"].value > 0
-    assert len(timer.calls) == 2 * INTERLEAVED_ROUNDS
+        for measure in measures:
+            assert len(values[f"{prefix}.{measure}"].samples) == 20  # 5 rounds of 4
+        if cuda_graph:
+            assert values[f"{prefix}.graph_relative_error"].value < MAX_RELATIVE_ERROR
+    assert len(timer.calls) == 2 * INTERLEAVED_ROUNDS * len(measures)
