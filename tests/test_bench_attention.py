@@ -323,12 +323,14 @@ def test_interleaved_rounds_rotate_the_order_and_join_the_samples() -> None:
 def test_the_timed_path_checks_then_times_every_launch(
     monkeypatch: pytest.MonkeyPatch, cuda_graph: bool
 ) -> None:
-    """The timed (not dry) path end to end on the CPU with a fake clock: each launch checked
-    against the oracle, then timed in interleaved rounds, its metrics written; with
-    ``--cuda-graph`` (the capture stood in for by the launch itself) the replays checked on a
-    poisoned output and timed as a second set of rounds."""
+    """The timed (not dry) path end to end with a fake clock, on the GPU where there is one and
+    on the CPU under Triton's interpreter otherwise: each launch checked against the oracle,
+    then timed in interleaved rounds, its metrics written; with ``--cuda-graph`` (the capture
+    stood in for by the launch itself) the replays checked on a poisoned output and timed as a
+    second set of rounds."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     selection = ["--shapes", "gemma4-e2b-sliding-d256", "--contexts", "b3x80"]
-    selection += ["--modes", "decode,verify", "--device", "cpu", "--runs", "20"]
+    selection += ["--modes", "decode,verify", "--device", device, "--runs", "20"]
     args = parse_args(["--dry-run", "--tiny", "--backends", "triton", *selection])
     args.dry_run, args.cuda_graph = False, cuda_graph
     timer = FakeTimer({})
@@ -341,7 +343,7 @@ def test_the_timed_path_checks_then_times_every_launch(
     monkeypatch.setattr(attention_runner, "l2_flush_buffer", lambda device: torch.empty(0))
     monkeypatch.setattr(attention_runner, "cuda_graph_replay", lambda run: run)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "a fake clock")
-    metrics, status = attention_runner.run_cases(args, torch.device("cpu"))
+    metrics, status = attention_runner.run_cases(args, torch.device(device))
     assert status == 0
     values = {metric.name: metric for metric in metrics}
     measures = ["latency", "graph_latency"][: 1 + cuda_graph]
