@@ -4,8 +4,9 @@
 # with its two helpers in DIR, and in DIR/tools nox, jsonschema, import-linter, coverage, pytest-cov (the
 # runtime-coverage tests of check-deps; both without dependencies) and buildkite-sdk (its
 # pipeline schema only, so without its dependencies) for the CI harness tests. FlashInfer's wheel
-# (101 MB for 0.7.4) is over the 64 MiB a GPU call may carry: it travels as DIR/NAME.tar.xz, its
-# unmodified contents xz-compressed (26 MB), which scripts/gpu_tests.sh unpacks where pip would.
+# (101 MB for 0.7.4) is over the 64 MiB a GPU call may carry, checkout included: every wheel
+# travels as NAME.tar.xz, its unmodified contents xz-compressed (FlashInfer 26 MB, the others
+# 13 MB where their wheels take 21), which scripts/gpu_tests.sh unpacks where pip would.
 # Usage: scripts/fetch_gpu_wheels.sh [DIR]   (default DIR: .whl, ignored by git; carry it to the GPU machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: -d "$dir/tools" "$(pinn
 # Without their dependencies: the image's own pytest stays the one that runs.
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${platforms[@]}" \
   --platform any -d "$dir/tools" "$(pinned coverage)" "$(pinned pytest-cov)"
-for wheel in "$dir"/flashinfer_python-*.whl; do
+for wheel in "$dir"/*.whl "$dir"/tools/*.whl; do
   unpacked=$(mktemp -d)
   python3 -m zipfile -e "$wheel" "$unpacked"
   tar -C "$unpacked" -cf - . | xz -T0 -6 >"${wheel%.whl}.tar.xz"

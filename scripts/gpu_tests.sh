@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the offline GPU machine, from the repository root with the wheels of scripts/fetch_gpu_wheels.sh in
-# .whl: install them beside the image's packages (FlashInfer's wheel arrives as its unpacked contents in
-# a .tar.xz, unpacked into the same folder), then run every suite on CUDA (nox -s gpu_tests), which
+# .whl: install them beside the image's packages (each wheel arrives as its unpacked contents in a
+# .tar.xz, unpacked into one folder; a plain .whl there is pip-installed into it), then run every
+# suite on CUDA (nox -s gpu_tests), which
 # writes out/gpu/run-record.json, out/gpu/junit.xml and out/gpu/report.html. Extra args go to pytest.
 # GPU_TESTS_INSTALL_ONLY=1 stops after the install (for a benchmark run in the same environment:
 # `. scripts/gpu_tests.sh` then leaves PYTHONPATH set, and the caller's shell options as they were).
@@ -9,14 +10,16 @@ caller_options=$(set +o)
 set -euo pipefail
 dir=${WHEELS:-.whl}
 site=${SITE:-/tmp/agc-site}
-wheels=("$dir"/*.whl)
 # DIR/tools (nox, import-linter, ...) is what the suites need; a benchmark call may leave it out
-# (6.6 MB of the 64 MiB a GPU call carries).
-if [ -d "$dir/tools" ]; then wheels+=("$dir"/tools/*.whl); fi
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "${wheels[@]}"
-for archive in "$dir"/*.tar.xz; do
-  if [ -e "$archive" ]; then tar -C "$site" -xJf "$archive"; fi
-done
+# (4.5 MB of the 64 MiB a GPU call carries).
+wheels=() archives=()
+for path in "$dir"/*.whl "$dir"/tools/*.whl; do if [ -e "$path" ]; then wheels+=("$path"); fi; done
+for path in "$dir"/*.tar.xz "$dir"/tools/*.tar.xz; do if [ -e "$path" ]; then archives+=("$path"); fi; done
+mkdir -p "$site"
+if [ ${#wheels[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "${wheels[@]}"
+fi
+for archive in ${archives[@]+"${archives[@]}"}; do tar -C "$site" -xJf "$archive"; done
 # The project itself, for its pytest plugin's entry point (the code is imported from the checkout).
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$site" .
 rm -rf build ./*.egg-info
