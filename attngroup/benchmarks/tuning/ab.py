@@ -204,7 +204,8 @@ class CaseBench:
             self.scratch,
         )
 
-    def plan(self, config: LaunchConfig | None, path: LaunchKind):
+    def plan(self, variant: Variant):
+        """The launcher's plan for ``variant`` (planned once, as a captured step would)."""
         from functools import partial
 
         from attngroup.kernels.ops.triton_launch_plan import plan_launch
@@ -217,15 +218,14 @@ class CaseBench:
             max_seq_len=case.context_len,
             sm_scale=case.shape.head_size**-0.5,
             wave_slots=partial(wave_slots_of, tensors),
-            path=path,
-            config=config,
+            path=variant.launch_path(case),
+            config=variant.config(self.heuristic()),
         )
 
-    def launcher(self, variant: Variant):
-        """The launch of one variant's plan (planned once, as a captured step would)."""
+    def launcher(self, plan):
+        """The launch of one plan."""
         from attngroup.kernels.ops.triton_unified_attention import launch
 
-        plan = self.plan(variant.config(self.heuristic()), variant.launch_path(self.case))
         tensors = self.tensors()
         return lambda: launch(plan, tensors)
 
@@ -247,7 +247,7 @@ def compile_variant(case_name: str, variant_name: str) -> None:
     bench = CaseBench(find_case(case_name), torch.device("cuda"))
     variant = next(variant for variant in VARIANTS if variant.name == variant_name)
     try:
-        bench.launcher(variant)()
+        bench.launcher(bench.plan(variant))()
         torch.cuda.synchronize()
     except Exception as error:  # refused configs are reported by the timing process
         print(f"compile {case_name} {variant_name}: {type(error).__name__}", file=sys.stderr)
@@ -274,17 +274,16 @@ def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flu
     from attngroup.kernels.ops.triton_unified_attention import kernel_resources
 
     bench = CaseBench(case, torch.device("cuda"))
-    heuristic = bench.heuristic()
     runnable = {}
     rows: dict[str, dict[str, object]] = {}  # variant name -> its JSON row
     for variant in variants:
         try:
-            run = bench.launcher(variant)
+            plan = bench.plan(variant)
+            run = bench.launcher(plan)
             error = bench.error(run)
         except Exception as exc:  # a config the compiler or the smem budget refuses
             rows[variant.name] = {"variant": variant.name, "refused": f"{type(exc).__name__}"}
             continue
-        plan = bench.plan(variant.config(heuristic), variant.launch_path(case))
         registers, shared = kernel_resources(plan, bench.tensors())
         rows[variant.name] = {
             "variant": variant.name,
