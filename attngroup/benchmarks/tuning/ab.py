@@ -26,6 +26,7 @@ import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -189,7 +190,9 @@ class CaseBench:
 
         return heuristic_launch_config(self.case)
 
+    @cached_property
     def tensors(self):
+        """The launch's tensors, built once: every plan of the case launches on the same ones."""
         from attngroup.kernels.ops.triton_launch_plan import AttentionTensors
 
         common, cache = self.common, self.cache
@@ -211,7 +214,7 @@ class CaseBench:
         from attngroup.kernels.ops.triton_launch_plan import plan_launch
         from attngroup.kernels.ops.triton_unified_attention import wave_slots_of
 
-        case, tensors = self.case, self.tensors()
+        case, tensors = self.case, self.tensors
         return plan_launch(
             tensors,
             max_query_len=case.query_len,
@@ -226,7 +229,7 @@ class CaseBench:
         """The launch of one plan."""
         from attngroup.kernels.ops.triton_unified_attention import launch
 
-        tensors = self.tensors()
+        tensors = self.tensors
         return lambda: launch(plan, tensors)
 
     def error(self, run) -> float:
@@ -284,7 +287,7 @@ def ab_case(case: Case, variants: Sequence[Variant], rounds: int, runs: int, flu
         except Exception as exc:  # a config the compiler or the smem budget refuses
             rows[variant.name] = {"variant": variant.name, "refused": f"{type(exc).__name__}"}
             continue
-        registers, shared = kernel_resources(plan, bench.tensors())
+        registers, shared = kernel_resources(plan, bench.tensors)
         rows[variant.name] = {
             "variant": variant.name,
             "path": plan.path,
