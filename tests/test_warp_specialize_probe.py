@@ -36,14 +36,15 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple, dict]:
 
 def test_a_query_loaded_by_descriptor_splits_into_a_producer_and_consumers(rows) -> None:
     """Head 256, 64 rows, 4 warps asked: two consumer warp groups and a producer (12 warps),
-    registers traded with ``setmaxnreg``, one program per SM where the plain loop holds 2."""
+    registers traded with ``setmaxnreg``, one program per SM where the plain loop holds 2
+    (Triton 3.6 and 3.7) or 3 (Triton 3.9, at 168 registers instead of 198-200)."""
     plain = rows[("attention-query-descriptor", 4, False)]
     split = rows[("attention-query-descriptor", 4, True)]
     assert plain["outcome"] == "unchanged"
     assert split["outcome"] == "split"
     assert split["compiled"]["num_warps"] == 12
     assert split["setmaxnreg"] > 0
-    assert plain["compiled"]["programs_per_sm"] == 2
+    assert plain["compiled"]["programs_per_sm"] in (2, 3)
     assert split["compiled"]["programs_per_sm"] == 1
 
 

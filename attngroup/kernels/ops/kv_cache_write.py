@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from attngroup.kernels.cache_layout import PADDING_SLOT
+from attngroup.kernels.ops import COMPILER_OPTIONS
 
 
 def write_kv_cache(
@@ -57,6 +58,7 @@ def write_kv_cache(
         HEAD_SIZE=head_size,
         HEAD_SIZE_PADDED=head_size_padded,
         TOKENS=tokens_per_program,
+        **COMPILER_OPTIONS,
     )
 
 

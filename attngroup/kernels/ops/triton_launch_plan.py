@@ -24,6 +24,7 @@ import torch
 
 from attngroup.kernels.cache_layout import check_query_against_cache
 from attngroup.kernels.metadata import cdiv
+from attngroup.kernels.ops import COMPILER_OPTIONS
 from attngroup.kernels.ops.split_kv_scratch import ScratchNeeds, SplitKVScratch, check_scratch
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
@@ -61,7 +62,7 @@ class AttentionTensors:
 class KernelLaunch:
     """One kernel call: its grid, its ``tl.constexpr`` arguments by name (every one of the
     kernel's without a default; see ``ConstexprSignature``) and Triton's launch options
-    (``num_warps``, ``num_stages``; ``maxnreg`` under a register cap)."""
+    (``COMPILER_OPTIONS``, ``num_warps``, ``num_stages``; ``maxnreg`` under a register cap)."""
 
     grid: tuple[int, ...]
     constexprs: Mapping[str, object]
@@ -340,7 +341,7 @@ def _attention_constexprs(
 
 def _attention_options(config: LaunchConfig) -> dict[str, int]:
     """Triton's launch options of the attention kernel (``maxnreg`` only where capped)."""
-    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    options = {**COMPILER_OPTIONS, "num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.max_registers is not None:
         options["maxnreg"] = config.max_registers
     return options
@@ -384,7 +385,7 @@ def _merge_launch(call: _Call, config: LaunchConfig) -> KernelLaunch:
                 "HEAD_SIZE_PADDED": next_power_of_2(call.head_size),
             }
         ),
-        options=MappingProxyType({"num_warps": MERGE_NUM_WARPS}),
+        options=MappingProxyType({**COMPILER_OPTIONS, "num_warps": MERGE_NUM_WARPS}),
     )
 
 

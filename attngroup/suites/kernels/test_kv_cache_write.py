@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attngroup.kernels.cache_layout import PADDING_SLOT
+from attngroup.kernels.ops import COMPILER_OPTIONS, kv_cache_write
 from attngroup.kernels.ops.kv_cache_write import write_kv_cache
 from attngroup.suites.kernels.batches import BATCHES_CPU, gpu_only, make_paged_batch
 
@@ -179,6 +180,21 @@ def test_write_places_new_tokens_where_attention_reads_them(
 
     assert torch.equal(_bits(key_cache), _bits(batch.key_cache))
     assert torch.equal(_bits(value_cache), _bits(batch.value_cache))
+
+
+def test_the_launch_states_the_compiler_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    launched: list[dict[str, object]] = []
+
+    class RecordingKernel:
+        def __getitem__(self, grid: tuple[int, ...]):
+            return lambda *arguments, **keywords: launched.append(keywords)
+
+    monkeypatch.setattr(kv_cache_write, "_write_kv_cache_kernel", RecordingKernel())
+    key, value = torch.randn(2, 1, 64), torch.randn(2, 1, 64)
+    caches = torch.zeros(4, 16, 1, 64), torch.zeros(4, 16, 1, 64)
+    write_kv_cache(key, value, *caches, torch.tensor([0, 1]))
+    (keywords,) = launched
+    assert COMPILER_OPTIONS.items() <= keywords.items()
 
 
 SHAPE_ERRORS = {

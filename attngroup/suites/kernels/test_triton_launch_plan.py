@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from attngroup.kernels.ops import COMPILER_OPTIONS
 from attngroup.kernels.ops.split_kv_scratch import ScratchTooSmallError, SplitKVScratch
 from attngroup.kernels.ops.triton_launch_config import (
     DEFAULT_NUM_SEGMENTS,
@@ -254,6 +255,14 @@ def test_probe_sees_the_variant_that_launches(planned) -> None:
     assert probed.attention.options == plan.attention.options
 
 
+def test_every_kernel_states_the_compiler_options(planned) -> None:
+    """FP fusion is set on each launch, not left to a Triton default that 3.10 turns off."""
+    _, _, plan, _ = planned
+    launches = [plan.attention] if plan.merge is None else [plan.attention, plan.merge]
+    for launch in launches:
+        assert COMPILER_OPTIONS.items() <= launch.options.items()
+
+
 def test_constexprs_are_exactly_the_kernels(planned) -> None:
     """Fails when a kernel gains a tl.constexpr the plan does not set, or loses one it does."""
     _, _, plan, _ = planned
@@ -325,7 +334,7 @@ def test_given_config_is_kept_and_skips_the_probe() -> None:
     assert plan is not None
     assert plan.config == config
     assert plan.attention.grid == (4, 1, 5)
-    assert dict(plan.attention.options) == {"num_warps": 8, "num_stages": 3}
+    assert dict(plan.attention.options) == {**COMPILER_OPTIONS, "num_warps": 8, "num_stages": 3}
     assert probe.plans == []
 
 
@@ -334,7 +343,12 @@ def test_a_register_cap_becomes_tritons_maxnreg() -> None:
     config = LaunchConfig(16, 32, 4, 3, 5, max_registers=168)
     plan = _plan(batch, RecordingProbe(THREE_PER_SM), config=config)
     assert plan is not None
-    assert dict(plan.attention.options) == {"num_warps": 4, "num_stages": 3, "maxnreg": 168}
+    assert dict(plan.attention.options) == {
+        **COMPILER_OPTIONS,
+        "num_warps": 4,
+        "num_stages": 3,
+        "maxnreg": 168,
+    }
 
 
 @pytest.mark.parametrize("cap", [16, 256], ids=["below-24", "above-255"])
