@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import triton
 
 from tests.sm90_compile import COMPILED_ENV, run_tool
 
@@ -29,6 +30,7 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict
     cases = f"{E4B_DECODE_512},{E4B_DRAFT_256}"
     done = _offline_compile("--cases", cases, "--variants", "current", "--json", str(report))
     assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Triton {triton.__version__}, sm_90\n")
     return {(row["case"], row["variant"]): row for row in json.loads(report.read_text())}
 
 

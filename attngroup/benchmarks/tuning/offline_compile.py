@@ -304,6 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases = [find_case(name) for name in args.cases.split(",")]
     except ValueError as error:
         parser.error(str(error))
+    import triton
+
+    print(f"Triton {triton.__version__}, sm_90")
     rows = []
     for case in cases:
         print(case.name)
