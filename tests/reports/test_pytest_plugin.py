@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from attngroup.reports.pytest_plugin import METRIC_PROPERTY, _TestProgress
-from attngroup.reports.record import RunRecord, load_record
+from attngroup.reports.record import RunRecord, TestResult, load_record
 from tests.json_schemas import assert_file_matches_schema
 from tests.pytest_subprocess import PYTEST
 
@@ -174,12 +174,10 @@ def sample_run(tmp_path_factory) -> tuple[RunRecord, Path]:
     return load_record(folder / "out" / "run.json"), folder / "out" / "junit.xml"
 
 
-def test_by_name(record: RunRecord, name: str):
+def recorded_test(record: RunRecord, name: str) -> TestResult:
+    """The one recorded test whose function name starts with ``name``."""
     [test] = [test for test in record.tests if test.nodeid.split("::")[1].startswith(name)]
     return test
-
-
-test_by_name.__test__ = False  # a helper, not a test
 
 
 @pytest.mark.parametrize(
@@ -199,7 +197,7 @@ test_by_name.__test__ = False  # a helper, not a test
     ],
 )
 def test_outcome_and_message(sample_run, name, outcome, message):
-    test = test_by_name(sample_run[0], name)
+    test = recorded_test(sample_run[0], name)
     assert test.outcome == outcome
     if message is None:
         assert test.message is None
@@ -213,7 +211,7 @@ def test_record_matches_its_schema(sample_run):
 
 
 def test_failure_keeps_the_traceback(sample_run):
-    test = test_by_name(sample_run[0], "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp2]")
+    test = recorded_test(sample_run[0], "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp2]")
     assert "assert tp == 1" in test.details
 
 
@@ -242,14 +240,14 @@ def test_failure_keeps_the_traceback(sample_run):
     ],
 )
 def test_parametrization_split_into_fields(sample_run, name, fields, markers):
-    test = test_by_name(sample_run[0], name)
+    test = recorded_test(sample_run[0], name)
     assert dict(test.fields) == fields
     assert test.markers == markers
     assert test.step == "grouping"
 
 
 def test_raw_params_are_recorded(sample_run):
-    test = test_by_name(sample_run[0], "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp1]")
+    test = recorded_test(sample_run[0], "test_grouping[triton-gemma4-e2b-mtp-dtype0-tp1]")
     assert dict(test.params) == {
         "backend": "triton",
         "model_pair": "gemma4-e2b-mtp",
